@@ -1,0 +1,27 @@
+# The two first commands of the README:
+#   make demo   set everything up, then train on 2 local Horovod workers (PyTorch, then TensorFlow)
+#   make test   set everything up, then run the whole test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install demo test lab bench clean-horovod-cache
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	$(VENV)/bin/hvdsync train --framework torch --np 2 --no-track
+	$(VENV)/bin/hvdsync train --framework torch --np 2 --compression fp16 --accumulate 4
+
+test: install
+	$(PY) -m pytest
+
+lab: install
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks
+
+bench: install
+	$(PY) benchmarks/allreduce.py
+
+clean-horovod-cache:
+	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"

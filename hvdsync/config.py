@@ -1,0 +1,280 @@
+"""Typed configuration for hvdsync: one config for both frameworks.
+
+Every value is checked when the config is built (``__post_init__``), so a bad value fails in the launcher,
+before any Horovod worker starts, with an error that names the field and what is allowed::
+
+    >>> Config.from_dict({"sync": {"compression": "fp8"}})
+    Traceback (most recent call last):
+    ConfigError: sync.compression: 'fp8' is not allowed; choose one of: none, fp16
+
+A config comes from defaults, then a YAML file, then ``section.field=value`` overrides (the CLI's ``--set``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hvdsync.core.codecs import CODECS
+
+FRAMEWORKS = ("torch", "tensorflow")
+REDUCE_OPS = ("average", "sum", "adasum")
+DATASETS = ("digits", "synthetic")
+OPTIMIZERS = ("sgd", "adam")
+LR_SCALING = ("none", "linear")
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message starts with the dotted field name."""
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{name}: {value!r} is not allowed; {allowed}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(name, value, "choose one of: " + ", ".join(choices))
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        rng = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+        _fail(name, value, f"expected {rng}")
+
+
+def _number(name: str, value: Any, low: float, high: float | None = None, low_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (high is None or value < high)
+    if not ok:
+        lo = f"> {low}" if low_open else f">= {low}"
+        hi = "" if high is None else f" and < {high}"
+        _fail(name, value, f"expected a number {lo}{hi}")
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(name, value, "expected true or false")
+
+
+@dataclass
+class SyncConfig:
+    """How gradients are synchronised.
+
+    Args:
+        compression: codec for gradients on the wire (``none``, ``fp16``; see :mod:`hvdsync.core.codecs`).
+        accumulate: backward passes per optimizer step; gradients are all-reduced once per ``accumulate`` passes.
+        op: how Horovod combines gradients: ``average`` (default), ``sum`` or ``adasum``.
+        fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
+        cycle_time_ms: Horovod background-loop cycle time (HOROVOD_CYCLE_TIME), in milliseconds.
+        cache_capacity: Horovod response-cache entries (HOROVOD_CACHE_CAPACITY); 0 turns the cache off.
+    """
+
+    compression: str = "none"
+    accumulate: int = 1
+    op: str = "average"
+    # Defaults chosen by benchmarks/allreduce.py on 2 local Gloo workers (see README, "Horovod knobs").
+    fusion_threshold_mb: float = 64.0
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+
+    def __post_init__(self) -> None:
+        _choice("sync.compression", self.compression, tuple(CODECS))
+        _int("sync.accumulate", self.accumulate, 1)
+        _choice("sync.op", self.op, REDUCE_OPS)
+        _number("sync.fusion_threshold_mb", self.fusion_threshold_mb, 0.0)
+        _number("sync.cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
+        _int("sync.cache_capacity", self.cache_capacity, 0)
+
+    def horovod_env(self) -> dict[str, str]:
+        """The Horovod environment variables these knobs stand for (read by workers at ``hvd.init()``)."""
+        return {
+            "HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024)),
+            "HOROVOD_CYCLE_TIME": f"{self.cycle_time_ms:g}",
+            "HOROVOD_CACHE_CAPACITY": str(self.cache_capacity),
+        }
+
+
+@dataclass
+class DataConfig:
+    """What the workers read.
+
+    Args:
+        dataset: ``digits`` (scikit-learn's bundled 8x8 handwritten digits) or ``synthetic`` (made by seed).
+        batch_size: samples per rank per optimizer step (split into ``sync.accumulate`` micro-batches).
+        test_fraction: share of the data held out for the test accuracy.
+        shuffle: reshuffle the global order each epoch (seeded; identical on every rank).
+        synthetic_samples / synthetic_features / synthetic_classes: shape of the synthetic set.
+    """
+
+    dataset: str = "digits"
+    batch_size: int = 32
+    test_fraction: float = 0.25
+    shuffle: bool = True
+    synthetic_samples: int = 4096
+    synthetic_features: int = 64
+    synthetic_classes: int = 10
+
+    def __post_init__(self) -> None:
+        _choice("data.dataset", self.dataset, DATASETS)
+        _int("data.batch_size", self.batch_size, 1)
+        _number("data.test_fraction", self.test_fraction, 0.0, 1.0, low_open=True)
+        _bool("data.shuffle", self.shuffle)
+        _int("data.synthetic_samples", self.synthetic_samples, 2)
+        _int("data.synthetic_features", self.synthetic_features, 1)
+        _int("data.synthetic_classes", self.synthetic_classes, 2)
+
+
+@dataclass
+class TrainConfig:
+    """The training run.
+
+    Args:
+        framework: ``torch`` or ``tensorflow``.
+        np: number of Horovod worker processes the launcher starts.
+        epochs: passes over the training set.
+        lr: learning rate for the global batch (see ``lr_scaling``).
+        lr_scaling: ``none`` keeps ``lr``; ``linear`` multiplies it by the number of workers (the usual rule when
+            the global batch grows with the workers).
+        optimizer: ``sgd`` (with ``momentum``) or ``adam``.
+        hidden: width of the MLP's hidden layer.
+        seed: the one global seed; per-rank seeds are derived from it.
+        deterministic: ask the framework for deterministic kernels (slower; bit-reproducible runs).
+    """
+
+    framework: str = "torch"
+    np: int = 2
+    epochs: int = 10
+    lr: float = 0.1
+    lr_scaling: str = "none"
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    hidden: int = 64
+    seed: int = 0
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("train.framework", self.framework, FRAMEWORKS)
+        _int("train.np", self.np, 1, 64)
+        _int("train.epochs", self.epochs, 1)
+        _number("train.lr", self.lr, 0.0, low_open=True)
+        _choice("train.lr_scaling", self.lr_scaling, LR_SCALING)
+        _choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        _number("train.momentum", self.momentum, 0.0, 1.0)
+        _int("train.hidden", self.hidden, 1)
+        _int("train.seed", self.seed, 0, 2**32 - 1)
+        _bool("train.deterministic", self.deterministic)
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow run tracking (rank 0 writes; a tracking failure never stops training).
+
+    Args:
+        enabled: record the run in MLflow.
+        tracking_uri: MLflow tracking URI; empty means MLflow's own default (``MLFLOW_TRACKING_URI`` or a local
+            ``mlflow.db``).
+        experiment: MLflow experiment name.
+        run_name: MLflow run name; empty lets MLflow choose.
+    """
+
+    enabled: bool = True
+    tracking_uri: str = ""
+    experiment: str = "hvdsync"
+    run_name: str = ""
+
+    def __post_init__(self) -> None:
+        _bool("tracking.enabled", self.enabled)
+        for name in ("tracking_uri", "experiment", "run_name"):
+            if not isinstance(getattr(self, name), str):
+                _fail(f"tracking.{name}", getattr(self, name), "expected a string")
+        if not self.experiment:
+            _fail("tracking.experiment", self.experiment, "expected a non-empty name")
+
+
+@dataclass
+class Config:
+    """The whole config: ``sync``, ``data``, ``train``, ``tracking``."""
+
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.batch_size < self.sync.accumulate:
+            raise ConfigError(
+                f"sync.accumulate: {self.sync.accumulate} is not allowed with data.batch_size "
+                f"{self.data.batch_size}; expected at most data.batch_size micro-batches per step"
+            )
+
+    # ---- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> "Config":
+        """Build from a nested mapping; unknown sections or fields are errors that list the known ones."""
+        raw = dict(raw or {})
+        sections = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(sections))
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown section; known sections: {', '.join(sections)}")
+        parts = {}
+        for name, f in sections.items():
+            section_type = f.default_factory  # type: ignore[misc]
+            values = raw.get(name) or {}
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{name}: expected a mapping of fields, got {values!r}")
+            known = {x.name for x in dataclasses.fields(section_type)}
+            bad = sorted(set(values) - known)
+            if bad:
+                raise ConfigError(f"{name}.{bad[0]}: unknown field; known fields: {', '.join(sorted(known))}")
+            parts[name] = section_type(**values)
+        return cls(**parts)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> "Config":
+        """Defaults, then the YAML file at ``path`` (if any), then ``section.field=value`` overrides."""
+        raw: dict[str, Any] = {}
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file: {str(p)!r} does not exist")
+            loaded = yaml.safe_load(p.read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"config file: {str(p)!r} must hold a mapping of sections")
+            raw = loaded
+        for item in overrides:
+            apply_override(raw, item)
+        return cls.from_dict(raw)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """``{"sync.compression": "fp16", ...}``: the names MLflow records as run parameters."""
+        return {f"{s}.{k}": v for s, d in self.to_dict().items() for k, v in d.items()}
+
+    def replace(self, **sections: Mapping[str, Any]) -> "Config":
+        """A copy with some fields changed: ``cfg.replace(sync={"accumulate": 4})`` (validated again)."""
+        raw = self.to_dict()
+        for name, values in sections.items():
+            if name not in raw:
+                raise ConfigError(f"{name}: unknown section; known sections: {', '.join(raw)}")
+            raw[name].update(values)
+        return Config.from_dict(raw)
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``section.field=value`` override (value parsed as YAML: ``4``, ``true``, ``fp16``)."""
+    if "=" not in item or "." not in item.split("=", 1)[0]:
+        raise ConfigError(f"override: {item!r} is not allowed; expected section.field=value, e.g. sync.accumulate=4")
+    key, value = item.split("=", 1)
+    section, name = key.strip().split(".", 1)
+    raw.setdefault(section, {})
+    if not isinstance(raw[section], dict):
+        raise ConfigError(f"{section}: expected a mapping of fields, got {raw[section]!r}")
+    raw[section][name] = yaml.safe_load(value) if value.strip() else ""

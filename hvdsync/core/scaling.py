@@ -1,0 +1,48 @@
+"""The one place where the loss is scaled for data parallelism and gradient accumulation.
+
+Both adapters compute, for each micro-batch, the *sum* of per-sample losses and multiply it by
+:func:`loss_scale`. Then the gradients that Horovod combines equal the gradient of the mean loss over the whole
+global step (all ranks, all micro-batches), exactly as one process would compute it on the same samples:
+
+    mean loss over the global step = (1 / G) * sum over ranks r, micro-batches m of sum(loss(r, m))
+
+* Accumulation: the k micro-batch gradients are *added* locally (backward passes accumulate into ``.grad``), so
+  each micro-batch's loss is divided by the global count G, not by its own size. Dividing by the micro-batch size
+  (the common bug) would make k micro-batches weigh k times one batch of the same samples.
+* Uneven shares: on the last step ranks may hold different numbers of samples; scaling by the rank's *share* of G
+  (rather than taking each rank's own mean) keeps every sample's weight 1/G.
+* Horovod's ``average`` divides the sum over ranks by the world size W, so the scale is multiplied by W to undo it;
+  ``sum`` needs no correction. ``adasum`` combines gradients adaptively (not linearly), so it gets the same scale
+  as ``average``: each rank hands over its own mean-scaled gradient.
+"""
+from __future__ import annotations
+
+
+def loss_scale(global_count: int, world_size: int, op: str) -> float:
+    """Factor for a micro-batch's summed loss so that the combined gradient is the global-step mean.
+
+    Args:
+        global_count: samples in the optimizer step over all ranks and micro-batches.
+        world_size: number of ranks.
+        op: Horovod reduce op: ``average``, ``sum`` or ``adasum``.
+
+    Example:
+        >>> loss_scale(global_count=64, world_size=2, op="average")  # 2 ranks x 32 samples
+        0.03125
+    """
+    if global_count <= 0:
+        raise ValueError(f"global_count: {global_count!r} is not allowed; expected a positive sample count")
+    if op == "sum":
+        return 1.0 / global_count
+    if op in ("average", "adasum"):
+        return world_size / global_count
+    raise ValueError(f"op: {op!r} is not allowed; choose one of: average, sum, adasum")
+
+
+def scaled_lr(lr: float, world_size: int, rule: str) -> float:
+    """The learning rate for ``world_size`` workers: ``none`` keeps it, ``linear`` multiplies by the world size."""
+    if rule == "none":
+        return lr
+    if rule == "linear":
+        return lr * world_size
+    raise ValueError(f"lr_scaling: {rule!r} is not allowed; choose one of: none, linear")

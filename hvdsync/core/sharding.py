@@ -1,0 +1,128 @@
+"""The global data plan: which sample indices each rank reads, per epoch and per step.
+
+The rule (also in the README):
+
+* Every epoch has one global order: a permutation seeded by ``(seed, epoch)`` only, so it is the same on every
+  rank and does not depend on the number of workers.
+* The order is cut into global steps of ``world_size * batch_size`` samples. Each global step is split among the
+  ranks as evenly as possible (``numpy.array_split``: sizes differ by at most one), and each rank's share is split
+  again into ``accumulate`` micro-batches.
+* So every index is read exactly once per epoch, none is skipped, and every rank runs the same number of steps and
+  micro-steps. That last point is what prevents the classic deadlock: with per-rank shards of uneven length one
+  rank would call allreduce once more than the others and wait forever. On the last, shorter step a rank may get a
+  smaller (even empty) micro-batch; :func:`hvdsync.core.scaling.loss_scale` weights each rank's loss by its share of
+  the global step, so the update still equals a single process's update on the same samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step as seen by one rank.
+
+    Attributes:
+        micro: ``accumulate`` index arrays, the micro-batches this rank reads (some may be empty on the last step).
+        global_count: samples in this step over all ranks and micro-batches (the denominator of the mean loss).
+    """
+
+    micro: tuple[np.ndarray, ...]
+    global_count: int
+
+    @property
+    def local_count(self) -> int:
+        return int(sum(len(m) for m in self.micro))
+
+    @property
+    def indices(self) -> np.ndarray:
+        return np.concatenate(self.micro) if self.micro else np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which samples each rank reads.
+
+    Args:
+        dataset_size: number of samples in the (training) set.
+        world_size: number of ranks.
+        batch_size: samples per rank per optimizer step.
+        accumulate: micro-batches per optimizer step.
+        seed: global seed; the epoch's order is ``permutation(seed, epoch)``.
+        shuffle: if False the order is 0..N-1 every epoch.
+
+    Example:
+        >>> plan = ShardPlan(dataset_size=10, world_size=2, batch_size=2)
+        >>> [s.indices.tolist() for s in plan.epoch(0, rank=1)][:1]  # doctest: +SKIP
+    """
+
+    dataset_size: int
+    world_size: int
+    batch_size: int
+    accumulate: int = 1
+    seed: int = 0
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        for name, low in (("dataset_size", 1), ("world_size", 1), ("batch_size", 1), ("accumulate", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"ShardPlan.{name}: {value!r} is not allowed; expected an integer >= {low}")
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's global order of sample indices (identical on every rank, independent of world size)."""
+        if not self.shuffle:
+            return np.arange(self.dataset_size, dtype=np.int64)
+        rng = np.random.default_rng([self.seed, epoch])
+        return rng.permutation(self.dataset_size).astype(np.int64)
+
+    def steps_per_epoch(self, start: int = 0) -> int:
+        """Optimizer steps in an epoch, from global sample offset ``start`` (0 unless resuming mid-epoch)."""
+        remaining = self.dataset_size - start
+        return -(-remaining // self.global_batch) if remaining > 0 else 0
+
+    def epoch(self, epoch: int, rank: int, start: int = 0) -> list[Step]:
+        """All steps of ``epoch`` for ``rank``.
+
+        ``start`` is how many samples of this epoch's order were already consumed (by any world size): an elastic
+        job that changes size mid-epoch re-plans the rest with ``start`` so that no sample is read twice.
+        """
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank: {rank!r} is not allowed; expected 0 <= rank < {self.world_size}")
+        if not 0 <= start <= self.dataset_size:
+            raise ValueError(f"start: {start!r} is not allowed; expected 0 <= start <= {self.dataset_size}")
+        order = self.order(epoch)
+        steps = []
+        for s in range(self.steps_per_epoch(start)):
+            lo = start + s * self.global_batch
+            chunk = order[lo:lo + self.global_batch]
+            mine = np.array_split(chunk, self.world_size)[rank]
+            micro = tuple(np.array_split(mine, self.accumulate))
+            steps.append(Step(micro=micro, global_count=len(chunk)))
+        return steps
+
+    def rank_indices(self, epoch: int, rank: int, start: int = 0) -> np.ndarray:
+        """Every index ``rank`` reads in ``epoch``, in reading order."""
+        steps = self.epoch(epoch, rank, start)
+        return np.concatenate([s.indices for s in steps]) if steps else np.empty(0, dtype=np.int64)
+
+    def resized(self, world_size: int) -> "ShardPlan":
+        """The same plan for a new world size (elastic scale up/down); combine with ``start`` to resume."""
+        return ShardPlan(self.dataset_size, world_size, self.batch_size, self.accumulate, self.seed, self.shuffle)
+
+
+def naive_shards(dataset_size: int, world_size: int, rank: int, seed: int | None) -> np.ndarray:
+    """What goes wrong without a global plan: each rank shuffles on its own seed and takes every W-th sample.
+
+    With ``seed=None`` every rank draws an unseeded order (as a script that forgets to seed would); with
+    per-rank seeds the orders differ too. Either way samples are read twice or never. Kept for teaching
+    (notebook 02) and for the tests that show the failure.
+    """
+    rng = np.random.default_rng(None if seed is None else [seed, rank])
+    return rng.permutation(dataset_size)[rank::world_size]

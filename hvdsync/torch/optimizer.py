@@ -1,0 +1,41 @@
+"""Horovod's DistributedOptimizer configured from :class:`hvdsync.config.SyncConfig`, and the rank-0 broadcast."""
+from __future__ import annotations
+
+import horovod.torch as hvd
+import torch
+
+from hvdsync.core.codecs import WireCounter
+from hvdsync.core.runtime import REDUCE_OP_NAMES
+from hvdsync.torch.compression import CodecCompressor
+
+
+def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, sync,
+                          counter: WireCounter | None = None) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that gradients are ring-all-reduced by Horovod.
+
+    Args:
+        optimizer: the local optimizer over ``model.parameters()``.
+        model: the model (its parameter names label Horovod's tensors, which helps in timelines).
+        sync: a :class:`~hvdsync.config.SyncConfig`: compression, ``accumulate`` (Horovod's
+            ``backward_passes_per_step``: gradients are summed locally and all-reduced once per ``accumulate``
+            backward passes) and the reduce ``op``.
+        counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
+    """
+    return hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=CodecCompressor(sync.compression, counter),
+        backward_passes_per_step=sync.accumulate,
+        op=getattr(hvd, REDUCE_OP_NAMES[sync.op]),
+    )
+
+
+def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> None:
+    """Make every rank start from rank 0's parameters and optimizer state.
+
+    Without this, ranks that initialised differently would all-reduce gradients of *different* models and drift
+    apart silently (notebook 12 measures it).
+    """
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
+    if optimizer is not None:
+        hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)

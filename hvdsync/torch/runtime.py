@@ -1,0 +1,29 @@
+"""Start a PyTorch Horovod worker: ``hvd.init()``, threads, seeds, determinism."""
+from __future__ import annotations
+
+import horovod.torch as hvd
+import torch
+
+from hvdsync.core import seeding
+from hvdsync.core.runtime import WorkerInfo
+
+
+def init(cfg=None) -> WorkerInfo:
+    """Initialise Horovod and seed this worker from ``cfg.train`` (defaults if ``cfg`` is None).
+
+    Every rank seeds torch with the *global* seed (so models start identical, as a 1-worker run would) and Python
+    and numpy with its *rank* seed (for what should differ between ranks).
+    """
+    from hvdsync.config import Config
+
+    cfg = cfg or Config()
+    if cfg.train.deterministic:
+        seeding.apply_deterministic_env()
+    hvd.init()
+    info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    torch.set_num_threads(seeding.threads_per_worker(info.local_size))
+    torch.manual_seed(cfg.train.seed)
+    seeding.seed_python_and_numpy(seeding.rank_seed(cfg.train.seed, info.rank))
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    return info

@@ -1,0 +1,78 @@
+"""Every bad config value gets one clear error naming the field and what is allowed, before any worker starts."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hvdsync.config import Config, ConfigError
+
+
+@pytest.mark.parametrize("section,field,value,allowed", [
+    ("sync", "compression", "fp8", "choose one of: none, fp16"),
+    ("sync", "accumulate", 0, "expected an integer >= 1"),
+    ("sync", "accumulate", 2.5, "expected an integer >= 1"),
+    ("sync", "op", "max", "choose one of: average, sum, adasum"),
+    ("sync", "fusion_threshold_mb", -1, "expected a number >= 0"),
+    ("sync", "cycle_time_ms", 0, "expected a number > 0"),
+    ("sync", "cache_capacity", -5, "expected an integer >= 0"),
+    ("data", "dataset", "imagenet", "choose one of: digits, synthetic"),
+    ("data", "batch_size", 0, "expected an integer >= 1"),
+    ("data", "test_fraction", 1.0, "expected a number > 0.0 and < 1.0"),
+    ("data", "shuffle", "yes", "expected true or false"),
+    ("train", "framework", "jax", "choose one of: torch, tensorflow"),
+    ("train", "np", 0, "expected an integer from 1 to 64"),
+    ("train", "epochs", 0, "expected an integer >= 1"),
+    ("train", "lr", 0, "expected a number > 0"),
+    ("train", "lr", float("nan"), "expected a number > 0"),
+    ("train", "lr_scaling", "sqrt", "choose one of: none, linear"),
+    ("train", "optimizer", "lamb", "choose one of: sgd, adam"),
+    ("train", "momentum", 1.5, "expected a number >= 0.0 and < 1.0"),
+    ("train", "seed", -1, "expected an integer from 0 to"),
+    ("tracking", "enabled", "no", "expected true or false"),
+    ("tracking", "experiment", "", "expected a non-empty name"),
+])
+def test_bad_value_names_field_and_allowed_values(section, field, value, allowed):
+    with pytest.raises(ConfigError) as err:
+        Config.from_dict({section: {field: value}})
+    msg = str(err.value)
+    assert msg.startswith(f"{section}.{field}: {value!r} is not allowed")
+    assert allowed in msg
+
+
+def test_unknown_sections_and_fields_list_the_known_ones():
+    with pytest.raises(ConfigError, match=r"^synch: unknown section; known sections: sync, data, train, tracking"):
+        Config.from_dict({"synch": {}})
+    with pytest.raises(ConfigError, match=r"^sync.compresion: unknown field; known fields: accumulate, cache_capacity"):
+        Config.from_dict({"sync": {"compresion": "fp16"}})
+
+
+def test_accumulate_cannot_exceed_the_batch():
+    with pytest.raises(ConfigError, match="sync.accumulate: 64 is not allowed with data.batch_size 32"):
+        Config.from_dict({"sync": {"accumulate": 64}})
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("sync:\n  compression: fp16\ntrain:\n  epochs: 3\n")
+    cfg = Config.load(path, ["sync.accumulate=4", "train.framework=tensorflow"])
+    assert (cfg.sync.compression, cfg.sync.accumulate, cfg.train.epochs, cfg.train.framework) == \
+        ("fp16", 4, 3, "tensorflow")
+    assert cfg.flat()["sync.accumulate"] == 4
+    assert cfg.sync.horovod_env()["HOROVOD_FUSION_THRESHOLD"] == str(64 * 1024 * 1024)
+    with pytest.raises(ConfigError, match="override: 'sync.accumulate' is not allowed; expected section.field=value"):
+        Config.load(None, ["sync.accumulate"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        Config.load(tmp_path / "missing.yaml")
+
+
+def test_cli_rejects_bad_value_before_starting_any_worker():
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "hvdsync.cli", "train", "--compression", "fp8", "--np", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "sync.compression: 'fp8' is not allowed; choose one of: none, fp16" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # No worker was started: no Horovod launcher output, and far quicker than a worker start-up.
+    assert "rank" not in proc.stdout + proc.stderr
+    assert time.perf_counter() - start < 30
