@@ -1,0 +1,104 @@
+"""PyTorch adapter on real Horovod workers (2 processes, Gloo).
+
+One pair of workers runs every numeric check (tests/parallel/torch_checks.py) and returns the numbers; each test
+asserts one promise. Two more launches train for real: the CLI and a plain `horovodrun` user script.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from hvdsync import launch
+from tests.parallel import torch_checks
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(sys.executable).parent
+cloudpickle.register_pickle_by_value(torch_checks)
+
+
+@pytest.fixture(scope="module")
+def checks():
+    results = launch.run(torch_checks.run_checks, np=2, progress=False)
+    assert len(results) == 2
+    return results
+
+
+def test_two_workers_match_one_process_with_twice_the_batch(checks):
+    r = checks[0]
+    assert r["size"] == 2
+    assert r["same_samples"] and r["samples_read_twice"] == 0
+    assert r["param_change"] > 1e-2                # training moved the parameters ...
+    assert r["equivalence_max_diff"] < 1e-5        # ... and the parallel run moved them exactly like the sequential one
+
+
+def test_accumulation_equals_the_big_batch_with_one_allreduce_per_k_passes(checks):
+    r = checks[0]
+    assert r["accumulation_max_diff"] < 1e-5
+    assert r["plain_rounds"] == 12                 # one round per optimizer step
+    assert r["accumulation_rounds"] == 12          # still 12 rounds for 12 * k = 48 backward passes
+
+
+def test_fp16_gradients_travel_as_fp16(checks):
+    r = checks[0]
+    assert r["plain_wire"]["dtypes"] == ["float32"]
+    assert r["fp16_wire"]["dtypes"] == ["float16"]
+    assert r["plain_wire"]["bytes"] == 4 * r["numel"] * r["plain_rounds"]
+    assert r["fp16_wire"]["bytes"] == 2 * r["numel"] * r["fp16_rounds"]
+    assert 0 < r["fp16_vs_fp32_max_diff"] < 1e-2   # rounding shows, but only at fp16 precision
+
+
+def test_uneven_data_reads_every_sample_once_without_deadlock(checks):
+    r = checks[0]
+    assert r["uneven_read"] == list(range(101))
+    assert r["uneven_max_diff"] < 1e-5             # the loss scale weights the short last step correctly
+
+
+def test_parameters_identical_across_ranks(checks):
+    assert checks[0]["cross_rank_max_diff"] == 0.0
+    assert checks[0] == checks[1]                  # both ranks measured the same numbers
+
+
+def test_cli_trains_digits_with_fp16_and_accumulation_and_records_the_run(tmp_path):
+    db = tmp_path / "mlflow.db"
+    proc = subprocess.run(
+        [str(BIN / "hvdsync"), "train", "--framework", "torch", "--np", "2", "--compression", "fp16",
+         "--accumulate", "4", "--tracking-uri", f"sqlite:///{db}", "--experiment", "cli-test", "--json",
+         "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["test_accuracy"] >= 0.90
+    assert result["world_size"] == 2 and result["param_spread"] == 0.0
+    assert result["wire"]["dtypes"] == ["float16"]
+    assert result["backward_passes"] == 4 * result["optimizer_steps"]
+    assert result["allreduce_rounds"] == result["optimizer_steps"]
+    # Quiet by default: worker lines went to the log file, not to the terminal.
+    assert "<stdout>" not in proc.stdout + proc.stderr
+    assert (tmp_path / "logs" / "workers.log").stat().st_size > 0
+    # The run record is in the MLflow store.
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    run = client.get_run(result["run_id"])
+    assert run.data.params["sync.compression"] == "fp16" and run.data.params["world_size"] == "2"
+    assert run.data.metrics["final_test_accuracy"] == pytest.approx(result["test_accuracy"])
+    history = client.get_metric_history(run.info.run_id, "test_accuracy")
+    assert len(history) == result["epochs"]
+
+
+def test_plain_horovodrun_script_trains_the_same_way(tmp_path):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    proc = subprocess.run(
+        [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+         str(ROOT / "examples" / "train_torch.py"), "--set", "train.epochs=6"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if "test accuracy" in l)
+    accuracy = float(line.split("test accuracy")[1].split()[0])
+    assert accuracy >= 0.90
+    assert "params equal across ranks: True" in line

@@ -1,0 +1,101 @@
+"""Runs inside each of 2 Horovod workers (sent by value): many PyTorch checks on one pair of workers.
+
+Every check returns numbers; tests/parallel/test_torch.py asserts on them. Sharing the workers keeps the suite
+fast (a Horovod start-up costs seconds) while each assertion stays a separate test.
+"""
+import numpy as np
+
+
+def _sequential_reference(x, y, plan, n_steps, seed, hidden, lr):
+    """Plain PyTorch, one process, no Horovod, no hvdsync scaling: mean loss over each planned batch, SGD."""
+    import torch
+    import torch.nn.functional as F
+
+    from hvdsync.torch import mlp
+
+    torch.manual_seed(seed)
+    model = mlp(x.shape[1], hidden, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in plan.epoch(0, 0)[:n_steps]:
+        idx = step.indices
+        opt.zero_grad()
+        F.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):
+    import horovod.torch as hvd
+    import torch
+
+    from hvdsync.config import Config
+    from hvdsync.core import data as datasets
+    from hvdsync.core.scaling import loss_scale
+    from hvdsync.core.sharding import ShardPlan
+    from hvdsync.torch import TorchBackend, init, mlp
+
+    cfg = Config.from_dict({"train": {"seed": seed}, "tracking": {"enabled": False}})
+    init(cfg)
+    rank, size = hvd.rank(), hvd.size()
+    data = datasets.digits(seed=seed)
+    x, y = data.x_train, data.y_train
+    out = {"size": size}
+
+    def distributed(sync, per_rank_batch, x=x, y=y, steps=n_steps):
+        torch.manual_seed(seed)
+        model = mlp(x.shape[1], hidden, 10)
+        backend = TorchBackend(model, torch.optim.SGD(model.parameters(), lr=lr), sync)
+        plan = ShardPlan(len(x), size, per_rank_batch, sync.accumulate, seed=seed)
+        read = []
+        for step in plan.epoch(0, rank)[:steps]:
+            read.append(step.indices)
+            backend.train_step([(x[m], y[m]) for m in step.micro], loss_scale(step.global_count, size, sync.op))
+        params = backend.parameters()
+        return backend, params, np.concatenate(read) if read else np.empty(0, int)
+
+    sync = Config().sync
+    # 1. 2 workers x B == 1 process x 2B, same samples.
+    b1, p_dist, read = distributed(sync, batch)
+    ref_plan = ShardPlan(len(x), 1, size * batch, 1, seed=seed)
+    p_ref = _sequential_reference(x, y, ref_plan, n_steps, seed, hidden, lr)
+    out["equivalence_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(p_dist, p_ref))
+    out["param_change"] = max(float(np.abs(a - b).max()) for a, b in zip(p_ref, _sequential_reference(
+        x, y, ref_plan, 0, seed, hidden, lr)))
+    all_read = hvd.allgather(torch.from_numpy(read)).numpy()
+    ref_read = np.concatenate([s.indices for s in ref_plan.epoch(0, 0)[:n_steps]])
+    out["same_samples"] = bool(np.array_equal(np.sort(all_read), np.sort(ref_read)))
+    out["samples_read_twice"] = int(len(all_read) - len(np.unique(all_read)))
+    out["grad_tensors"] = b1.grad_tensors
+    out["plain_rounds"] = b1.wire.snapshot()["tensors"] / b1.grad_tensors
+    out["plain_wire"] = b1.wire.snapshot()
+    out["numel"] = int(sum(p.size for p in p_dist))
+
+    # 2. accumulate=k of B == one batch of B; one allreduce round per k backward passes.
+    k = 4
+    b4, p_acc, _ = distributed(Config.from_dict({"sync": {"accumulate": k}}).sync, batch)
+    out["accumulate"] = k
+    out["accumulation_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(p_acc, p_dist))
+    out["accumulation_rounds"] = b4.wire.snapshot()["tensors"] / b4.grad_tensors
+
+    # 3. fp16 on the wire.
+    b16, p16, _ = distributed(Config.from_dict({"sync": {"compression": "fp16"}}).sync, batch)
+    out["fp16_wire"] = b16.wire.snapshot()
+    out["fp16_rounds"] = b16.wire.snapshot()["tensors"] / b16.grad_tensors
+    out["fp16_vs_fp32_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(p16, p_dist))
+
+    # 4. Uneven data: 101 samples, B=8, accumulate=3 -> a short last step, some empty micro-batches.
+    xs, ys = x[:101], y[:101]
+    uneven_sync = Config.from_dict({"sync": {"accumulate": 3}}).sync
+    plan = ShardPlan(101, size, 8, 3, seed=seed)
+    bu, p_uneven, read_u = distributed(uneven_sync, 8, xs, ys, steps=plan.steps_per_epoch())
+    p_uneven_ref = _sequential_reference(xs, ys, ShardPlan(101, 1, size * 8, 1, seed=seed),
+                                         plan.steps_per_epoch(), seed, hidden, lr)
+    out["uneven_steps"] = plan.steps_per_epoch()
+    out["uneven_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(p_uneven, p_uneven_ref))
+    out["uneven_read"] = sorted(hvd.allgather(torch.from_numpy(read_u)).numpy().tolist())
+
+    # 5. Every model above is identical on every rank.
+    fps = [np.concatenate([p.ravel() for p in ps]) for ps in (p_dist, p_acc, p16, p_uneven)]
+    gathered = [hvd.allgather(torch.from_numpy(f).reshape(1, -1)).numpy() for f in fps]
+    out["cross_rank_max_diff"] = max(float(np.abs(g[0] - g[1]).max()) for g in gathered)
+    return out
