@@ -16,6 +16,7 @@
 #   HVDSYNC_CACHE             cache folder (default ${XDG_CACHE_HOME:-~/.cache}/hvdsync)
 #   HVDSYNC_HOROVOD_REBUILD=1 ignore the cache
 #   HOROVOD_BUILD_CUDA_CC_LIST  GPU builds only: compute capabilities (default 80,90: A100, H100/H200)
+# Arguments: --print-key prints the cache key and the cache folder, and exits.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -53,17 +54,28 @@ if [ -n "$nvcc_bin" ] && [ -n "$nccl_home" ]; then
 fi
 
 # ---- the cache key ----------------------------------------------------------------------------------------------
-versions="$(TF_CPP_MIN_LOG_LEVEL=3 "$PY" - <<'EOF'
+# Versions from package metadata: importing torch and TensorFlow just to read them would cost seconds.
+versions="$("$PY" - <<'EOF'
 import sys, sysconfig
-import torch, tensorflow as tf
+from importlib import metadata
+
+def version(*names):
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    sys.exit(f"error: none of {names} is installed; install the frameworks before building Horovod")
+
 print(f"cp{sys.version_info.major}{sys.version_info.minor}-{sysconfig.get_platform()}"
-      f"-torch{torch.__version__}-tf{tf.__version__}")
+      f"-torch{version('torch')}-tf{version('tensorflow', 'tensorflow-cpu')}")
 EOF
 )"
 cxx="$(${CXX:-c++} -dumpfullversion 2>/dev/null || echo unknown)"
 fix_sum="$( (cat "$patch_dir"/*.patch; echo "recipe $RECIPE") | sha256sum | cut -c1-12)"
 key="horovod${HOROVOD_VERSION}-${versions}-${gpu}-gcc${cxx}-fixes${fix_sum}"
 key_dir="$cache_root/$(printf '%s' "$key" | sha256sum | cut -c1-16)"
+if [ "${1:-}" = "--print-key" ]; then printf '%s\n%s\n' "$key" "$key_dir"; exit 0; fi
 
 # The key of the Horovod installed in this environment is kept beside it, in the environment's prefix.
 marker="$("$PY" -c 'import sys; print(sys.prefix)')/hvdsync-horovod-build-key"
@@ -124,5 +136,16 @@ fi
 
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel" >&2
 # Runtime needs of horovodrun that --no-deps skipped are pinned in pyproject.toml (cloudpickle, psutil, pyyaml, packaging).
+# Check the installed build really has both frameworks and Gloo (and NCCL for a GPU build): the same facts as
+# `horovodrun --check-build`, asked of each extension in one process (check-build starts one per framework).
+TF_CPP_MIN_LOG_LEVEL=3 "$PY" - "$gpu" <<'EOF' || { say "error: the installed Horovod is incomplete (see above)"; exit 1; }
+import sys
+import horovod.tensorflow as hvd_tf
+import horovod.torch as hvd_torch
+missing = [name for name, ok in [("Gloo (torch)", hvd_torch.gloo_built()), ("Gloo (tensorflow)", hvd_tf.gloo_built())]
+           + ([("NCCL", hvd_torch.nccl_built())] if sys.argv[1] != "cpu" else []) if not ok]
+if missing:
+    sys.exit(f"Horovod was built without: {', '.join(missing)}")
+EOF
 printf '%s\n' "$key" > "$marker"
-say "Horovod $HOROVOD_VERSION installed ($key)"
+say "Horovod $HOROVOD_VERSION installed and checked ($key)"
