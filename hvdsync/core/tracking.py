@@ -6,11 +6,9 @@ PyTorch run and a TensorFlow run of the same config record the same parameter an
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from typing import Any, Callable
 
-log = logging.getLogger("hvdsync.tracking")
 
 # The metric names every run records (the cross-framework test checks both frameworks log exactly these).
 EPOCH_METRICS = ("train_loss", "test_accuracy", "epoch_seconds", "samples_per_second", "step_seconds_max_rank",
@@ -52,15 +50,16 @@ class MLflowTracker(Tracker):
     """Writes one MLflow run through ``mlflow.MlflowClient`` (explicit run id: no global active-run state)."""
 
     def __init__(self, tracking_uri: str = "", experiment: str = "hvdsync", run_name: str = "") -> None:
-        import mlflow  # imported lazily: workers that do not track never pay for it
-
         self.active = True
-        self._client = mlflow.MlflowClient(tracking_uri=tracking_uri or None)
+        self._uri = tracking_uri or None
         self._experiment = experiment
         self._run_name = run_name or None
 
     @_never_raises
     def start(self, params: dict[str, Any], tags: dict[str, str] | None = None) -> None:
+        import mlflow  # imported here: workers that do not track never pay for it; errors land in _never_raises
+
+        self._client = mlflow.MlflowClient(tracking_uri=self._uri)
         exp = self._client.get_experiment_by_name(self._experiment)
         exp_id = exp.experiment_id if exp else self._client.create_experiment(self._experiment)
         run = self._client.create_run(exp_id, run_name=self._run_name, tags=tags or {})
@@ -91,8 +90,4 @@ def make_tracker(tracking_cfg, rank: int) -> Tracker:
     """The tracker for this rank: MLflow on rank 0 when enabled, else the no-op one."""
     if rank != 0 or not tracking_cfg.enabled:
         return Tracker()
-    try:
-        return MLflowTracker(tracking_cfg.tracking_uri, tracking_cfg.experiment, tracking_cfg.run_name)
-    except Exception as exc:  # noqa: BLE001
-        warnings.warn(f"hvdsync: MLflow tracking unavailable ({exc}); training without it", stacklevel=2)
-        return Tracker()
+    return MLflowTracker(tracking_cfg.tracking_uri, tracking_cfg.experiment, tracking_cfg.run_name)
