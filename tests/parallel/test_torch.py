@@ -87,6 +87,9 @@ def test_cli_trains_digits_with_fp16_and_accumulation_and_records_the_run(tmp_pa
     run = client.get_run(result["run_id"])
     assert run.data.params["sync.compression"] == "fp16" and run.data.params["world_size"] == "2"
     assert run.data.metrics["final_test_accuracy"] == pytest.approx(result["test_accuracy"])
+    from hvdsync.core.tracking import EPOCH_METRICS, FINAL_METRICS
+
+    assert set(run.data.metrics) == set(EPOCH_METRICS + FINAL_METRICS)
     history = client.get_metric_history(run.info.run_id, "test_accuracy")
     assert len(history) == result["epochs"]
 
