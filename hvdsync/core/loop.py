@@ -157,3 +157,16 @@ def fit_loop(cfg, backend: Backend, data: Dataset, tracker: Tracker | None = Non
         raise
     finally:
         bar.close()
+
+
+def fit_with(init: Callable, build: Callable, cfg=None, data: Dataset | None = None,
+             before_step: Callable[[int, int], None] | None = None) -> FitResult:
+    """What every adapter's ``fit`` does: ``init(cfg)`` the worker, load ``data`` (default: the dataset ``cfg.data``
+    names), ``build(cfg, data)`` its backend and run :func:`fit_loop`. ``cfg`` defaults to ``Config()``."""
+    from hvdsync.config import Config  # here, not at the top: hvdsync.config imports the core
+    from hvdsync.core.data import load
+
+    cfg = cfg or Config()
+    init(cfg)
+    data = data if data is not None else load(cfg.data, cfg.train.seed)
+    return fit_loop(cfg, build(cfg, data), data, before_step=before_step)

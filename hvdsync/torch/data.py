@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import numpy as np
 import torch
 
-from hvdsync.core.sharding import ShardPlan, Step
+from hvdsync.core.loader import PlanLoader
+from hvdsync.core.sharding import Step
 
 
-class ShardedLoader:
+class ShardedLoader(PlanLoader):
     """Yields this rank's planned steps as tensors: ``(micro_batches, step)`` per optimizer step.
 
     ``micro_batches`` is a list of ``plan.accumulate`` ``(x, y)`` tensor pairs (zero-copy views of the numpy
@@ -22,15 +22,6 @@ class ShardedLoader:
         >>> for micro, step in loader: ...                                               # doctest: +SKIP
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, plan: ShardPlan, rank: int) -> None:
-        self.x, self.y, self.plan, self.rank, self.epoch = x, y, plan, rank, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.plan.steps_per_epoch()
-
     def __iter__(self) -> Iterator[tuple[list[tuple[torch.Tensor, torch.Tensor]], Step]]:
-        for step in self.plan.epoch(self.epoch, self.rank):
+        for step in self.steps():
             yield [(torch.from_numpy(self.x[i]), torch.from_numpy(self.y[i])) for i in step.micro], step

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hvdsync.core import data as datasets
 from hvdsync.core.codecs import WireCounter
-from hvdsync.core.loop import FitResult, fit_loop
+from hvdsync.core.loop import FitResult, fit_with
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
 from hvdsync.torch.models import local_optimizer, mlp
@@ -81,16 +81,7 @@ def build(cfg, data: datasets.Dataset) -> TorchBackend:
 
 
 def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None) -> FitResult:
-    """Initialise this worker, build the model and train it; returns this rank's :class:`FitResult`.
-
-    Args:
-        cfg: a :class:`hvdsync.config.Config` (defaults if None).
-        data: a :class:`hvdsync.core.data.Dataset`; defaults to the one ``cfg.data`` names.
-        before_step: optional ``before_step(epoch, step)`` hook (see :func:`hvdsync.core.loop.fit_loop`).
-    """
-    from hvdsync.config import Config
-
-    cfg = cfg or Config()
-    init(cfg)
-    data = data if data is not None else datasets.load(cfg.data, cfg.train.seed)
-    return fit_loop(cfg, build(cfg, data), data, before_step=before_step)
+    """Initialise this PyTorch worker, build the model, train it (:func:`hvdsync.core.loop.fit_with`); returns
+    this rank's :class:`~hvdsync.core.loop.FitResult`. ``cfg`` defaults to ``Config()``, ``data`` to the dataset
+    ``cfg.data`` names; ``before_step(epoch, step)`` is an optional hook."""
+    return fit_with(init, build, cfg, data, before_step)

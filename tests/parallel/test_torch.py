@@ -58,6 +58,13 @@ def test_uneven_data_reads_every_sample_once_without_deadlock(checks):
     assert r["uneven_max_diff"] < 1e-5             # the loss scale weights the short last step correctly
 
 
+def test_sync_batch_norm_uses_the_statistics_of_the_whole_batch(checks):
+    r = checks[0]
+    assert r["local_mean_off_by"] > 0.5            # one rank's rows alone would give other statistics ...
+    assert r["syncbn_mean_max_diff"] < 1e-5        # ... the synchronised layer uses all 8 rows
+    assert r["syncbn_output_max_diff"] < 1e-5
+
+
 def test_parameters_identical_across_ranks(checks):
     assert checks[0]["cross_rank_max_diff"] == 0.0
     assert checks[0] == checks[1]                  # both ranks measured the same numbers

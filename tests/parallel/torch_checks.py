@@ -94,7 +94,24 @@ def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):
     out["uneven_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(p_uneven, p_uneven_ref))
     out["uneven_read"] = sorted(hvd.allgather(torch.from_numpy(read_u)).numpy().tolist())
 
-    # 5. Every model above is identical on every rank.
+    # 5. SyncBatchNormalization: rank 0 holds 5 rows, rank 1 holds 3; statistics must be those of all 8 rows.
+    from hvdsync.torch import SyncBatchNormalization
+
+    rows = np.random.default_rng(11).normal(2.0, 3.0, size=(8, 6)).astype(np.float32)
+    mine = torch.from_numpy(rows[:5] if rank == 0 else rows[5:]).requires_grad_(True)
+    bn = SyncBatchNormalization(6, momentum=1.0)   # momentum 1: running stats = this batch's stats
+    out_sync = bn(mine)
+    full = torch.nn.BatchNorm1d(6, momentum=1.0)(torch.from_numpy(rows))
+    expected = full[:5] if rank == 0 else full[5:]
+
+    def worst(value):  # the largest value over both ranks, so both ranks report the same number
+        return hvd.allreduce(torch.tensor(float(value)), op=hvd.Max).item()
+
+    out["syncbn_output_max_diff"] = worst((out_sync - expected).abs().max())
+    out["syncbn_mean_max_diff"] = worst((bn.running_mean - torch.from_numpy(rows.mean(0))).abs().max())
+    out["local_mean_off_by"] = worst((mine.mean(0) - torch.from_numpy(rows.mean(0))).abs().max())
+
+    # 6. Every model above is identical on every rank.
     fps = [np.concatenate([p.ravel() for p in ps]) for ps in (p_dist, p_acc, p16, p_uneven)]
     gathered = [hvd.allgather(torch.from_numpy(f).reshape(1, -1)).numpy() for f in fps]
     out["cross_rank_max_diff"] = max(float(np.abs(g[0] - g[1]).max()) for g in gathered)

@@ -1,0 +1,196 @@
+"""The TensorFlow adapter on real Horovod workers (2 local Gloo processes).
+
+TensorFlow's import is the slow part, so the in-worker checks share one launch (``tf_checks.run_all``: a module-scoped
+fixture) and the tests below assert on the numbers it brings back. Three more launches test what a user runs: the
+``hvdsync`` CLI for both frameworks on one YAML config (into one MLflow store), and ``horovodrun`` on the example.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from hvdsync.launch import horovod_frameworks, run
+from tests.parallel import tf_checks
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TOL = 1e-5  # float32 sums in a different order differ by ~1e-7; a wrong scale or a missed sample moves weights ~1e-1
+
+pytestmark = pytest.mark.skipif("tensorflow" not in horovod_frameworks(), reason="Horovod built without TensorFlow")
+
+# Workers unpickle the checks by value: they need not import the tests package.
+cloudpickle.register_pickle_by_value(tf_checks)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both ranks' results of every in-worker check (one launch, ~20-60 s on 2 cores)."""
+    return run(tf_checks.run_all, np=2, progress=False, log_dir=tmp_path_factory.mktemp("tf-workers"))
+
+
+@pytest.fixture(scope="module")
+def root(ranks):
+    return ranks[0]
+
+
+# ---- equivalence with one process -----------------------------------------------------------------------------------
+def test_two_workers_of_batch_b_equal_one_plain_keras_process_of_batch_2b(root):
+    even = root["even"]
+    assert even["steps"] == 12  # 96 samples / (2 x 8), 2 epochs
+    assert even["max_diff"] < TOL
+    assert even["moved"] > 1e-2  # the weights really moved: equality is not the trivial "nothing happened"
+
+
+def test_k_micro_batches_with_accumulate_k_equal_one_batch_with_one_allreduce_per_k_passes(root):
+    acc, even = root["accumulate"], root["even"]
+    for a, b in zip(acc["params"], even["params"]):
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
+    assert acc["max_diff"] < TOL
+    assert acc["passes"] == 4 * acc["steps"] == 48
+    # One grouped all-reduce of the 4 gradient tensors per step, however many backward passes it took.
+    assert acc["wire"]["tensors"] == acc["steps"] * acc["grad_tensors"]
+    assert acc["rounds"] == acc["steps"] == acc["passes"] / 4
+
+
+def test_uneven_data_every_rank_runs_the_same_steps_and_matches_one_process(ranks):
+    # 101 samples, 2 ranks x 8, accumulate 3: the last step holds 5 samples (3 + 2; one rank has an empty micro-batch).
+    uneven = [r["uneven"] for r in ranks]
+    assert [u["steps"] for u in uneven] == [14, 14]
+    assert [u["passes"] for u in uneven] == [42, 42]
+    assert [u["wire"]["tensors"] for u in uneven] == [14 * 4, 14 * 4]
+    assert uneven[0]["max_diff"] < TOL and uneven[0]["moved"] > 1e-2
+
+
+def test_apply_gradients_in_tf_function_updates_every_kth_call_and_matches_one_process(ranks):
+    for r in ranks:
+        got = r["apply_gradients"]
+        assert got["flags"] == [False, False, False, True] * 4  # accumulate=4, 64 samples / 16 per step
+        assert got["wire"]["tensors"] == 4 * got["grad_tensors"]  # counted at run time, not once at trace time
+        assert got["traces"] == 1
+    assert ranks[0]["apply_gradients"]["max_diff"] < TOL and ranks[0]["apply_gradients"]["moved"] > 1e-2
+
+
+# ---- what goes on the wire ------------------------------------------------------------------------------------------
+def test_fp16_hands_float16_to_horovod_and_still_learns_digits(ranks):
+    for r in ranks:
+        fp16 = r["fp16"]
+        assert fp16["wire"]["dtypes"] == ["float16"]
+        assert fp16["wire"]["bytes"] == 2 * fp16["elements"] * fp16["steps"]
+        assert fp16["rounds"] == fp16["steps"]
+        assert fp16["accuracy"] >= 0.90
+    for name in ("even", "accumulate", "uneven"):
+        assert ranks[0][name]["wire"]["dtypes"] == ["float32"]
+        assert ranks[0][name]["wire"]["bytes"] == 4 * ranks[0][name]["elements"] * ranks[0][name]["steps"]
+    # The values really went through float16 (not only the counter): the same run as "even" ends a little apart.
+    half, full = ranks[0]["even_fp16"], ranks[0]["even"]
+    assert half["wire"]["dtypes"] == ["float16"] and half["wire"]["bytes"] == 2 * half["elements"] * half["steps"]
+    apart = max(float(np.max(np.abs(a - b))) for a, b in zip(half["params"], full["params"]))
+    assert 0.0 < apart < 1e-2
+
+
+# ---- state across ranks ---------------------------------------------------------------------------------------------
+def test_parameters_are_equal_across_ranks_after_training(ranks):
+    for r in ranks:
+        assert [r[name]["spread"] for name in ("even", "accumulate", "uneven", "even_fp16", "fp16")] == [0.0] * 5
+    for a, b in zip(ranks[0]["uneven"]["params"], ranks[1]["uneven"]["params"]):
+        assert np.array_equal(a, b)
+
+
+def test_broadcast_gives_every_rank_rank0s_model_and_optimizer_state_even_lazily_built(ranks):
+    for r in ranks:
+        b = r["broadcast"]
+        assert b["before"] > 1.0 and b["after"] == 0.0 and b["equals_root"]
+        # Adam over 4 variables: iterations, learning rate, 2 moments each = 10 variables, created by the broadcast.
+        assert b["lazy_built"] and b["lazy_slots"] == 10 and b["lazy_after"] == 0.0
+
+
+def test_sync_batch_norm_statistics_equal_those_of_the_concatenated_batch(ranks):
+    for r in ranks:
+        bn = r["sync_bn"]
+        assert max(bn["mean"], bn["var"], bn["mean_vs_numpy"], bn["var_vs_numpy"]) < TOL
+        assert bn["out"] < TOL and bn["traced"] < TOL  # eager and in tf.function
+        assert bn["grad"] < TOL  # the gradient flows through the all-reduce back to every rank's inputs
+        assert bn["local_mean_off"] > 0.1  # each rank's own rows alone give other statistics
+
+
+def test_tf_data_loader_yields_the_plans_micro_batches(ranks):
+    for r in ranks:
+        assert r["loader"]["same"] and r["loader"]["steps"] == 7
+        assert r["loader"]["global_counts"] == [16] * 6 + [5]
+    assert sum(ranks[0]["loader"]["sizes"]) + sum(ranks[1]["loader"]["sizes"]) == 101
+    assert len(ranks[0]["loader"]["sizes"]) == len(ranks[1]["loader"]["sizes"]) == 7 * 3
+
+
+# ---- what a user runs -----------------------------------------------------------------------------------------------
+CROSS_CONFIG = """\
+sync:
+  compression: fp16
+  accumulate: 2
+train:
+  epochs: 5
+tracking:
+  tracking_uri: "sqlite:///{db}"
+  experiment: cross-framework
+"""
+
+
+@pytest.fixture(scope="module")
+def cross(tmp_path_factory):
+    """One YAML config, trained by the CLI once per framework into one MLflow sqlite store."""
+    tmp = tmp_path_factory.mktemp("cross")
+    config = tmp / "run.yaml"
+    config.write_text(CROSS_CONFIG.format(db=tmp / "mlflow.db"))
+    out = {}
+    for framework in ("torch", "tensorflow"):
+        proc = subprocess.run([str(BIN / "hvdsync"), "train", "--config", str(config), "--framework", framework,
+                               "--json", "--log-dir", str(tmp / framework)],
+                              capture_output=True, text=True, timeout=600, cwd=tmp)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[framework] = (json.loads(proc.stdout), proc.stderr)
+    return out, f"sqlite:///{tmp / 'mlflow.db'}"
+
+
+def test_one_yaml_trains_both_frameworks_and_logs_the_same_mlflow_names(cross):
+    import mlflow
+
+    results, uri = cross
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    names = {}
+    for framework, (result, stderr) in results.items():
+        assert result["framework"] == framework and result["world_size"] == 2
+        assert result["test_accuracy"] >= 0.90
+        assert result["wire"]["dtypes"] == ["float16"] and result["param_spread"] == 0.0
+        assert result["backward_passes"] == 2 * result["optimizer_steps"] == 2 * result["allreduce_rounds"]
+        assert f"{framework} x2" in stderr and "100%" in stderr  # rank 0's progress, drawn by the launcher
+        run_ = client.get_run(result["run_id"])
+        assert run_.info.status == "FINISHED" and run_.data.tags["framework"] == framework
+        assert run_.data.params["sync.compression"] == "fp16" and run_.data.params["train.framework"] == framework
+        names[framework] = (set(run_.data.params), set(run_.data.metrics))
+    assert names["torch"] == names["tensorflow"]
+    assert {"test_accuracy", "final_test_accuracy", "wire_bytes", "allreduce_rounds"} <= names["tensorflow"][1]
+
+
+def test_horovodrun_runs_the_tensorflow_example(tmp_path):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the adapter must quiet TensorFlow by itself
+    proc = subprocess.run([str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                           str(REPO / "examples" / "train_tensorflow.py"), "--set", "train.epochs=5"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    summary = re.search(r"\[0\]<stdout>:tensorflow x2: test accuracy ([0-9.]+) after 5 epochs.*"
+                        r"params equal across ranks: True, MLflow run (\w+)", output)
+    assert summary, output[-3000:]
+    assert float(summary.group(1)) >= 0.90
+    assert "[1]<stdout>:tensorflow x2" not in output  # only rank 0 prints the summary
+    # No TensorFlow C++ start-up lines from the workers (lines Horovod prefixes with the rank).
+    assert not re.search(r"^\[\d\]<std(out|err)>:.*(cpu_feature_guard|oneDNN)", output, re.M)
