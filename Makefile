@@ -18,7 +18,7 @@ test: install
 	$(PY) -m pytest
 
 lab: install
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: install
 	$(PY) benchmarks/allreduce.py

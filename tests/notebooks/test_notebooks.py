@@ -1,0 +1,186 @@
+"""The notebooks: paired with their jupytext scripts, committed without outputs, one guide section each, workers
+launched only through hvdsync, and every one executed from top to bottom (nbclient, kernel ``python3``, real Horovod
+workers) within its time limit.
+
+Executed copies are written to pytest's ``tmp_path`` (kept for the last runs) for looking at a failure.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+NAME = re.compile(r"^(\d\d)_[a-z0-9_]+$")
+
+# The guide section each notebook follows: its title as the guide writes it in Chinese, and in English.
+GUIDE_TITLES = {
+    "01": ("一、理解同步训练的根本目标与挑战",
+           "Understanding the fundamental goals and challenges of synchronous training"),
+    "02": ("二、数据分片与随机种子", "Data sharding and random seeds"),
+    "05": ("五、环形全归约（Ring All-Reduce）", "Ring all-reduce"),
+    "06": ("六、梯度累积", "Gradient accumulation"),
+}
+
+# Wall-clock limit per notebook, in seconds (also nbclient's per-cell limit). Each notebook targets < 90 s on a quiet
+# 2-core machine; the limits leave room for other jobs sharing the cores (timings were 35-100 s under load 4-8).
+TIMEOUTS = {"01": 240, "02": 240, "05": 240, "06": 300}
+DEFAULT_TIMEOUT = 300
+
+# Notebooks the suite does not execute, each with its reason. Empty: every notebook runs.
+NOT_EXECUTED: dict[str, str] = {}
+
+# Ways of starting processes that a notebook must not use: workers are started by hvdsync.launch.
+SHELLING_OUT = re.compile(r"subprocess|os\.system|os\.popen|Popen|horovodrun|mpirun|^\s*!|^%%(ba)?sh|%system|"
+                          r"get_ipython\(\)\.system", re.M)
+
+
+def _stems(pattern: str) -> set[str]:
+    return {p.stem for p in NOTEBOOKS.glob(pattern) if NAME.match(p.stem)}
+
+
+STEMS = sorted(_stems("[0-9][0-9]_*.ipynb") | _stems("[0-9][0-9]_*.py"))
+
+
+def _number(stem: str) -> str:
+    return NAME.match(stem).group(1)
+
+
+def _read_ipynb(stem: str) -> nbformat.NotebookNode:
+    return nbformat.read(NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+
+
+def _code(nb: nbformat.NotebookNode) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def pair_differences(ipynb: Path, script: Path) -> list[str]:
+    """What differs between a notebook's cells and jupytext's reading of its paired script (empty: in sync)."""
+    left = [(c.cell_type, c.source) for c in nbformat.read(ipynb, as_version=4).cells]
+    right = [(c.cell_type, c.source) for c in jupytext.read(script).cells]
+    problems = []
+    if len(left) != len(right):
+        problems.append(f"{ipynb.name} has {len(left)} cells, {script.name} has {len(right)}")
+    for i, ((kind_a, source_a), (kind_b, source_b)) in enumerate(zip(left, right)):
+        if kind_a != kind_b:
+            problems.append(f"cell {i}: {kind_a} in {ipynb.name}, {kind_b} in {script.name}")
+        elif source_a != source_b:
+            lines = [line for line in difflib.unified_diff(source_a.splitlines(), source_b.splitlines(), lineterm="",
+                                                           n=0) if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+            problems.append(f"cell {i} differs (- {ipynb.name}, + {script.name}): " + " | ".join(lines[:4]))
+    return problems
+
+
+# ---- pairing ------------------------------------------------------------------------------------------------------
+def test_there_are_notebooks_and_each_has_its_pair():
+    assert {"01", "02", "05", "06"} <= {_number(s) for s in STEMS}
+    assert _stems("[0-9][0-9]_*.ipynb") == _stems("[0-9][0-9]_*.py"), "every NN_topic.ipynb needs NN_topic.py"
+    assert len({_number(s) for s in STEMS}) == len(STEMS), "one notebook per number"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_and_script_have_the_same_cells(stem):
+    problems = pair_differences(NOTEBOOKS / f"{stem}.ipynb", NOTEBOOKS / f"{stem}.py")
+    assert problems == [], f"{stem}: out of sync; run `jupytext --sync notebooks/{stem}.py`\n" + "\n".join(problems)
+
+
+def test_the_pair_check_catches_an_edited_script_and_an_added_cell(tmp_path):
+    stem = STEMS[0]
+    ipynb, script = tmp_path / f"{stem}.ipynb", tmp_path / f"{stem}.py"
+    shutil.copy(NOTEBOOKS / f"{stem}.ipynb", ipynb)
+    text = (NOTEBOOKS / f"{stem}.py").read_text()
+    assert pair_differences(ipynb, NOTEBOOKS / f"{stem}.py") == []
+    script.write_text(text.replace("import numpy as np", "import numpy as numpy", 1))
+    assert any("import numpy as np" in p for p in pair_differences(ipynb, script))
+    script.write_text(text + "\n# %%\nprint('a new cell')\n")
+    assert any("cells" in p for p in pair_differences(ipynb, script))
+
+
+# ---- what is committed --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stem", STEMS)
+def test_committed_without_outputs_and_paired_for_jupytext(stem):
+    nb = _read_ipynb(stem)
+    nbformat.validate(nb)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{stem} cell {i}: clear its outputs"
+    assert nb.metadata["jupytext"]["formats"] == "ipynb,py:percent"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_follows_its_guide_section(stem):
+    nb = _read_ipynb(stem)
+    number = _number(stem)
+    assert number in GUIDE_TITLES, f"{stem}: add its guide section title to GUIDE_TITLES"
+    chinese, english = GUIDE_TITLES[number]
+    title = nb.cells[0]
+    assert title.cell_type == "markdown"
+    first_line = title.source.splitlines()[0]
+    assert first_line.startswith(f"# {number} ") and chinese in first_line and english in first_line, first_line
+    assert len(title.source) > 500, "the title cell explains the idea"
+    last = nb.cells[-1]
+    assert last.cell_type == "markdown" and last.source.startswith("## What to take away")
+    code = _code(nb)
+    assert re.search(r"^from hvdsync|^import hvdsync", code, re.M), "notebooks show hvdsync at work"
+    assert "plt." in code and "print(" in code
+    assert "assert " in code, "a notebook checks the claims it makes on the numbers it measured"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_workers_are_started_only_through_hvdsync(stem):
+    code = _code(_read_ipynb(stem))
+    assert re.search(r"launch\.(run|train)\(", code), f"{stem}: start Horovod workers with hvdsync.launch"
+    assert not SHELLING_OUT.search(code), f"{stem}: {SHELLING_OUT.search(code).group(0)!r}: no hand-built commands"
+
+
+# ---- execution ----------------------------------------------------------------------------------------------------
+def _outputs(nb):
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            yield from cell.outputs
+
+
+def _timed_params():
+    params = []
+    for stem in STEMS:
+        limit = TIMEOUTS.get(_number(stem), DEFAULT_TIMEOUT)
+        marks = [pytest.mark.timeout(limit + 120)]
+        if stem in NOT_EXECUTED:
+            marks.append(pytest.mark.skip(reason=NOT_EXECUTED[stem]))
+        params.append(pytest.param(stem, limit, marks=marks, id=stem))
+    return params
+
+
+@pytest.mark.parametrize("stem,limit", _timed_params())
+def test_notebook_executes_and_shows_measured_numbers_and_a_plot(stem, limit, tmp_path, monkeypatch):
+    # Figures must come back as image/png: the kernel uses matplotlib's inline backend unless MPLBACKEND says not to.
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    nb = _read_ipynb(stem)
+    client = NotebookClient(nb, timeout=limit, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, tmp_path / f"{stem}.executed.ipynb")
+    elapsed = time.perf_counter() - start
+    assert elapsed < limit, f"{stem} took {elapsed:.0f} s (limit {limit} s)"
+
+    outputs = list(_outputs(nb))
+    assert not [o for o in outputs if o.output_type == "error"]
+    images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+    assert images, f"{stem}: no matplotlib figure was shown"
+    printed = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
+    assert re.search(r"\d+\.\d+", printed), f"{stem}: no measured number was printed"
+    # Every code cell ran, in order (a skipped cell would leave execution_count empty).
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1))
