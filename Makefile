@@ -11,8 +11,9 @@ install:
 	bash scripts/install.sh
 
 demo: install
-	$(VENV)/bin/hvdsync train --framework torch --np 2 --no-track
-	$(VENV)/bin/hvdsync train --framework torch --np 2 --compression fp16 --accumulate 4
+	$(VENV)/bin/hvdsync train --framework torch --np 2
+	$(VENV)/bin/hvdsync train --framework tensorflow --np 2 --compression fp16 --accumulate 4
+	@echo "Both runs are recorded in ./mlflow.db: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
 test: install
 	$(PY) -m pytest

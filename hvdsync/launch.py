@@ -25,7 +25,7 @@ from hvdsync.config import Config, ConfigError
 from hvdsync.core.loop import FitResult
 from hvdsync.core.progress import PROGRESS_ENV
 
-# Environment every worker gets unless the caller overrides it: no TensorFlow C++ INFO/WARNING screenfuls.
+# Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 # The adapter module for each framework name (a registry, not a branch per framework).
@@ -61,11 +61,11 @@ def preflight(cfg: Config) -> None:
 
 
 def _mpi_built() -> bool:
+    """Whether Horovod's extensions were linked with MPI (Adasum on CPU needs it): an MPI build references
+    ``MPI_Init_thread``; a Gloo-only build has no MPI symbol at all. Read from the binaries: no framework import."""
     spec = importlib.util.find_spec("horovod")
     root = Path(list(spec.submodule_search_locations)[0])
-    # A Gloo-only build has no MPI symbols in its common library; the build flags land in metadata.json.
-    meta = root / "metadata.json"
-    return meta.exists() and '"mpi"' in meta.read_text()
+    return any(b"MPI_Init_thread" in lib.read_bytes() for pattern in _EXTENSIONS.values() for lib in root.glob(pattern))
 
 
 @contextlib.contextmanager
@@ -147,7 +147,9 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path, progress_path = log_dir / "workers.log", log_dir / "progress.jsonl"
-    worker_env = {**QUIET_ENV, **(sync.horovod_env() if sync is not None else {}), **(env or {})}
+    # Quiet defaults only where the user has not set the variable; then the config's knobs; then ``env``.
+    defaults = {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+    worker_env = {**defaults, **(sync.horovod_env() if sync is not None else {}), **(env or {})}
     if progress:
         progress_path.write_text("")
         worker_env[PROGRESS_ENV] = str(progress_path)

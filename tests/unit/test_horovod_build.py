@@ -42,6 +42,9 @@ def test_cache_key_names_what_the_wheel_was_built_against(tmp_path):
 
 
 def test_installed_build_is_recognised_without_rebuilding():
+    # The set-up (make test runs it first) recorded the key of the Horovod it installed beside the environment.
+    installed = (pathlib.Path(sys.prefix) / "hvdsync-horovod-build-key").read_text().strip()
+    assert installed == _key(ROOT / "scripts"), "the installed Horovod was built for another key: run `make install`"
     out = subprocess.run(["bash", str(ROOT / "scripts" / "build_horovod.sh")], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 0, out.stderr
