@@ -141,7 +141,10 @@ def fit_loop(cfg, backend: Backend, data: Dataset, tracker: Tracker | None = Non
             tracker.log_metrics(metrics, step=epoch)
         result.total_seconds = time.perf_counter() - start
         result.test_accuracy = result.history[-1]["test_accuracy"]
-        result.samples_per_second = float(np.mean([h["samples_per_second"] for h in result.history]))
+        # Samples over wall time of the whole run (not a mean of per-epoch rates, which a slow first epoch, e.g.
+        # TensorFlow tracing its graphs, would skew either way).
+        samples = sum(h["samples_per_second"] * h["epoch_seconds"] for h in result.history)
+        result.samples_per_second = samples / max(1e-9, result.total_seconds)
         result.wire = backend.wire.snapshot()
         result.allreduce_rounds = result.wire["tensors"] / max(1, backend.grad_tensors)
         result.param_spread = monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters())))

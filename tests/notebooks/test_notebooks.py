@@ -28,11 +28,12 @@ GUIDE_TITLES = {
     "02": ("二、数据分片与随机种子", "Data sharding and random seeds"),
     "05": ("五、环形全归约（Ring All-Reduce）", "Ring all-reduce"),
     "06": ("六、梯度累积", "Gradient accumulation"),
+    "12": ("十二、遵循主流框架的最佳实践与配置", "Framework best practices and configuration"),
 }
 
 # Wall-clock limit per notebook, in seconds (also nbclient's per-cell limit). Each notebook targets < 90 s on a quiet
 # 2-core machine; the limits leave room for other jobs sharing the cores (timings were 35-100 s under load 4-8).
-TIMEOUTS = {"01": 240, "02": 240, "05": 240, "06": 300}
+TIMEOUTS = {"01": 240, "02": 240, "05": 240, "06": 300, "12": 300}
 DEFAULT_TIMEOUT = 300
 
 # Notebooks the suite does not execute, each with its reason. Empty: every notebook runs.
@@ -81,7 +82,7 @@ def pair_differences(ipynb: Path, script: Path) -> list[str]:
 
 # ---- pairing ------------------------------------------------------------------------------------------------------
 def test_there_are_notebooks_and_each_has_its_pair():
-    assert {"01", "02", "05", "06"} <= {_number(s) for s in STEMS}
+    assert {"01", "02", "05", "06", "12"} <= {_number(s) for s in STEMS}
     assert _stems("[0-9][0-9]_*.ipynb") == _stems("[0-9][0-9]_*.py"), "every NN_topic.ipynb needs NN_topic.py"
     assert len({_number(s) for s in STEMS}) == len(STEMS), "one notebook per number"
 

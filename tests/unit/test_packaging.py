@@ -39,7 +39,7 @@ def test_dockerfiles_use_the_install_script_and_bring_what_it_needs():
     needed = re.search(r'for tool in "\$PYTHON" (.+); do', install).group(1).split()
     apt_for = {"c++": "build-essential", "make": "make", "patch": "patch"}
     for name in ("Dockerfile.cpu", "Dockerfile.gpu"):
-        text = (ROOT / "docker" / name).read_text()
+        text = (ROOT / "docker" / name).read_text().replace("\\\n", " ")   # join continued lines
         assert re.search(r"^RUN .*bash scripts/install\.sh", text, re.M), name
         assert re.search(r"^COPY \. \.", text, re.M), name
         froms = re.findall(r"^FROM (\S+)", text, re.M)
