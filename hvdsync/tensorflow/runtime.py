@@ -21,6 +21,16 @@ def _set_threads(n: int) -> None:
         warnings.warn(f"hvdsync: TensorFlow threads already fixed, not set to {n} per worker ({exc})", stacklevel=3)
 
 
+def _pin_gpu(local_rank: int) -> None:
+    # One GPU per worker, picked by the local rank (Horovod's first rule), with memory grown on demand so that the
+    # workers of one host do not each reserve every GPU. tensorflow-cpu sees no GPU: nothing to do.
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+
+
 def init(cfg=None) -> WorkerInfo:
     """Initialise Horovod and seed this worker from ``cfg.train`` (defaults if ``cfg`` is None).
 
@@ -38,6 +48,7 @@ def init(cfg=None) -> WorkerInfo:
         seeding.apply_deterministic_env()
     hvd.init()
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    _pin_gpu(info.local_rank)
     _set_threads(seeding.threads_per_worker(info.local_size))
     keras.utils.set_random_seed(cfg.train.seed)  # TensorFlow's seed and Keras' global generator (reset)
     seeding.seed_python_and_numpy(seeding.rank_seed(cfg.train.seed, info.rank))

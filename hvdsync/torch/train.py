@@ -18,7 +18,7 @@ from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
 from hvdsync.torch.models import local_optimizer, mlp
 from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
-from hvdsync.torch.runtime import init
+from hvdsync.torch.runtime import device, init
 
 
 class TorchBackend:
@@ -28,7 +28,8 @@ class TorchBackend:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
-        self.model = model
+        self.device = device()
+        self.model = model.to(self.device)
         self.wire = WireCounter()
         self.timer = PhaseTimer()
         self.optimizer = distributed_optimizer(optimizer, model, sync, self.wire)
@@ -44,8 +45,8 @@ class TorchBackend:
         total = 0.0
         for x, y in micro:
             with self.timer.phase("compute"):
-                logits = self.model(torch.as_tensor(x))
-                loss = F.cross_entropy(logits, torch.as_tensor(y), reduction="sum")
+                logits = self.model(torch.as_tensor(x).to(self.device))
+                loss = F.cross_entropy(logits, torch.as_tensor(y).to(self.device), reduction="sum")
                 # Summed loss times the global-step scale (hvdsync.core.scaling): backward passes *add* into .grad,
                 # so after `accumulate` passes the gradient is the mean over the whole global step.
                 (loss * scale).backward()
@@ -61,7 +62,8 @@ class TorchBackend:
     def count_correct(self, x: np.ndarray, y: np.ndarray) -> int:
         self.model.eval()
         try:
-            return int((self.model(torch.as_tensor(x)).argmax(dim=1) == torch.as_tensor(y)).sum())
+            logits = self.model(torch.as_tensor(x).to(self.device))
+            return int((logits.argmax(dim=1).cpu() == torch.as_tensor(y)).sum())
         finally:
             self.model.train()
 
