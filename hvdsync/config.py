@@ -78,7 +78,11 @@ class SyncConfig:
     compression: str = "none"
     accumulate: int = 1
     op: str = "average"
-    # Defaults chosen by benchmarks/allreduce.py on 2 local Gloo workers (see README, "Horovod knobs").
+    # Measured with benchmarks/knobs.py on 2 local Gloo workers (benchmarks/README.md, "Choosing the defaults"):
+    # fusion 16-128 MiB measure alike, 4 MiB or less slows many small gradients (0: 4-25x); a 1 ms cycle keeps a
+    # step's sync latency low, shorter cycles burn more idle CPU and longer ones add latency; the cache must stay on
+    # (0: ~3x the time of a small allreduce). An unpatched horovod.runner.run handed the workers cycle 0 and cache 0
+    # instead of these two (scripts/horovod-patches/0003; benchmarks/README.md, "The launcher dropped two knobs").
     fusion_threshold_mb: float = 64.0
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
