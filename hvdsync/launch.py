@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -132,7 +133,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         env: extra environment variables for the workers.
         quiet: keep worker output in ``<log_dir>/workers.log`` instead of this terminal.
         progress: show rank 0's progress (from :class:`hvdsync.core.progress.Progress`) as a bar here.
-        log_dir: where the workers' log goes (a new temporary folder by default).
+        log_dir: where the workers' log goes (default: a temporary folder, removed after a success, kept on failure).
 
     Example:
         >>> def hello():
@@ -144,6 +145,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
 
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
         raise ConfigError(f"np: {np!r} is not allowed; expected an integer >= 1")
+    own_dir = log_dir is None  # a temporary folder of ours: removed after a success, kept (and named) on failure
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path, progress_path = log_dir / "workers.log", log_dir / "progress.jsonl"
@@ -166,8 +168,8 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         if progress:
             follower.start()
         try:
-            return horovod_runner.run(fn, args=args, kwargs=kwargs or {}, num_proc=np, hosts=f"localhost:{np}",
-                                      use_gloo=True, start_timeout=start_timeout)
+            results = horovod_runner.run(fn, args=args, kwargs=kwargs or {}, num_proc=np, hosts=f"localhost:{np}",
+                                         use_gloo=True, start_timeout=start_timeout)
         except Exception as exc:
             log.flush()
             raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n{_tail(log_path)}") from None
@@ -175,6 +177,9 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
             stop.set()
             if progress:
                 follower.join(timeout=5)
+    if own_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return results
 
 
 def _fit_worker(cfg_dict: dict) -> dict:
