@@ -9,17 +9,10 @@ or let hvdsync start the workers for you (same config, progress bar, quiet logs)
 
     hvdsync train --framework tensorflow --np 2 --compression fp16 --accumulate 4
 """
-import argparse
-
-from hvdsync.config import Config
+from hvdsync.config import from_command_line
 from hvdsync.tensorflow import fit
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--config", help="YAML config (sections: sync, data, train, tracking)")
-parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE")
-args = parser.parse_args()
-
-cfg = Config.load(args.config, args.overrides + ["train.framework=tensorflow"])
+cfg = from_command_line(framework="tensorflow")  # --config run.yaml, --set section.field=value (repeatable)
 result = fit(cfg)  # init Horovod, broadcast from rank 0, sharded data, distributed optimizer, MLflow on rank 0
 if result.rank == 0:
     print(result.summary())

@@ -282,3 +282,21 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     if not isinstance(raw[section], dict):
         raise ConfigError(f"{section}: expected a mapping of fields, got {raw[section]!r}")
     raw[section][name] = yaml.safe_load(value) if value.strip() else ""
+
+
+def from_command_line(argv: list[str] | None = None, framework: str | None = None) -> Config:
+    """The config of a user's training script: ``--config FILE`` and repeated ``--set section.field=value``.
+
+    Example (in a script launched with ``horovodrun``)::
+
+        cfg = from_command_line(framework="torch")   # python train.py --config run.yaml --set sync.accumulate=4
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Train with hvdsync (config: sections sync, data, train, tracking).")
+    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override one config field; repeatable")
+    args = parser.parse_args(argv)
+    pinned = [f"train.framework={framework}"] if framework else []
+    return Config.load(args.config, args.overrides + pinned)

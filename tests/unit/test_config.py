@@ -76,3 +76,14 @@ def test_cli_rejects_bad_value_before_starting_any_worker():
     # No worker was started: no Horovod launcher output, and far quicker than a worker start-up.
     assert "rank" not in proc.stdout + proc.stderr
     assert time.perf_counter() - start < 30
+
+
+def test_user_scripts_read_config_file_and_overrides_and_pin_their_framework(tmp_path):
+    from hvdsync.config import from_command_line
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  framework: torch\n  epochs: 2\n")
+    cfg = from_command_line(["--config", str(path), "--set", "sync.compression=fp16"], framework="tensorflow")
+    assert (cfg.train.framework, cfg.train.epochs, cfg.sync.compression) == ("tensorflow", 2, "fp16")
+    with pytest.raises(ConfigError, match="sync.accumulate: 0 is not allowed"):
+        from_command_line(["--set", "sync.accumulate=0"])
