@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hvdsync.core import data as datasets
+from hvdsync.core import seeding
 from hvdsync.core.codecs import WireCounter
 from hvdsync.core.loop import FitResult, fit_with
 from hvdsync.core.profiling import PhaseTimer
@@ -79,7 +80,11 @@ def build(cfg, data: datasets.Dataset) -> TorchBackend:
     """Model, local optimizer (learning rate scaled per ``train.lr_scaling``) and Horovod wrapping."""
     model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
     optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    return TorchBackend(model, optimizer, cfg.sync)
+    backend = TorchBackend(model, optimizer, cfg.sync)
+    # The model was built from the global seed (identical start, then broadcast anyway); from here on torch's
+    # generator draws per rank, so dropout masks and noise differ between ranks as they should (notebook 02).
+    torch.manual_seed(seeding.rank_seed(cfg.train.seed, hvd.rank()))
+    return backend
 
 
 def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None) -> FitResult:

@@ -65,6 +65,11 @@ def test_sync_batch_norm_uses_the_statistics_of_the_whole_batch(checks):
     assert r["syncbn_output_max_diff"] < 1e-5
 
 
+def test_after_build_ranks_share_the_model_but_not_the_random_draws(checks):
+    assert checks[0]["built_model_spread"] == 0.0
+    assert checks[0]["draws_differ_after_build"]   # dropout masks and noise differ between ranks
+
+
 def test_parameters_identical_across_ranks(checks):
     assert checks[0]["cross_rank_max_diff"] == 0.0
     assert checks[0] == checks[1]                  # both ranks measured the same numbers

@@ -111,7 +111,16 @@ def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):
     out["syncbn_mean_max_diff"] = worst((bn.running_mean - torch.from_numpy(rows.mean(0))).abs().max())
     out["local_mean_off_by"] = worst((mine.mean(0) - torch.from_numpy(rows.mean(0))).abs().max())
 
-    # 6. Every model above is identical on every rank.
+    # 6. After build: one model on every rank, but torch draws per rank from then on (dropout masks differ).
+    from hvdsync.torch import build
+
+    built = build(cfg, data)
+    draws = hvd.allgather(torch.rand(1, 8)).numpy()
+    out["draws_differ_after_build"] = bool(not np.array_equal(draws[0], draws[1]))
+    fp = np.concatenate([p.ravel() for p in built.parameters()])
+    out["built_model_spread"] = float(np.ptp(hvd.allgather(torch.from_numpy(fp).reshape(1, -1)).numpy(), axis=0).max())
+
+    # 7. Every model above is identical on every rank.
     fps = [np.concatenate([p.ravel() for p in ps]) for ps in (p_dist, p_acc, p16, p_uneven)]
     gathered = [hvd.allgather(torch.from_numpy(f).reshape(1, -1)).numpy() for f in fps]
     out["cross_rank_max_diff"] = max(float(np.abs(g[0] - g[1]).max()) for g in gathered)
