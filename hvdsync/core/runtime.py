@@ -12,7 +12,3 @@ class WorkerInfo:
     size: int
     local_rank: int
     local_size: int
-
-    @property
-    def is_root(self) -> bool:
-        return self.rank == 0
