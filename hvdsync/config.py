@@ -202,15 +202,69 @@ class TrackingConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Elastic training: survive lost workers, grow when hosts come back, resume a lost job from disk.
+
+    Args:
+        enabled: run under Horovod's elastic driver (``hvdsync train --elastic``).
+        min_np / max_np: the job continues while at least ``min_np`` workers are alive and grows up to ``max_np``;
+            it starts with ``train.np``.
+        commit_every: commit the state in memory every this many optimizer steps (what a lost worker costs at most).
+        checkpoint_dir: folder for durable checkpoints (rank 0 writes); empty: none.
+        checkpoint_every: write a durable checkpoint every this many commits.
+        keep: durable checkpoints kept (the newest valid one is resumed from).
+        resume: start from the newest valid checkpoint in ``checkpoint_dir`` (fresh, and saying so, if none).
+        timeout_s: how long the driver waits for ``min_np`` workers after a reset before it ends the job
+            (Horovod's elastic timeout).
+        cooldown_min_s / cooldown_max_s: a failed host is excluded for a cooldown drawn between these and then
+            may rejoin (Horovod's blacklist cooldown range); ``cooldown_min_s: 0`` excludes it for the whole job.
+    """
+
+    enabled: bool = False
+    min_np: int = 1
+    max_np: int = 3
+    commit_every: int = 10
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 1
+    keep: int = 3
+    resume: bool = False
+    timeout_s: int = 60
+    cooldown_min_s: int = 0
+    cooldown_max_s: int = 60
+
+    def __post_init__(self) -> None:
+        _bool("elastic.enabled", self.enabled)
+        _int("elastic.min_np", self.min_np, 1, 64)
+        _int("elastic.max_np", self.max_np, 1, 64)
+        if self.max_np < self.min_np:
+            _fail("elastic.max_np", self.max_np, f"expected at least elastic.min_np ({self.min_np})")
+        _int("elastic.commit_every", self.commit_every, 1)
+        if not isinstance(self.checkpoint_dir, str):
+            _fail("elastic.checkpoint_dir", self.checkpoint_dir, "expected a folder path (a string)")
+        _int("elastic.checkpoint_every", self.checkpoint_every, 1)
+        _int("elastic.keep", self.keep, 1)
+        _bool("elastic.resume", self.resume)
+        if self.resume and not self.checkpoint_dir:
+            _fail("elastic.resume", self.resume, "resuming needs elastic.checkpoint_dir")
+        _int("elastic.timeout_s", self.timeout_s, 1)
+        _int("elastic.cooldown_min_s", self.cooldown_min_s, 0, 3600)
+        _int("elastic.cooldown_max_s", self.cooldown_max_s, max(1, self.cooldown_min_s), 3600)
+
+
+@dataclass
 class Config:
-    """The whole config: ``sync``, ``data``, ``train``, ``tracking``."""
+    """The whole config: ``sync``, ``data``, ``train``, ``tracking``, ``elastic``."""
 
     sync: SyncConfig = field(default_factory=SyncConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
+        if self.elastic.enabled and not self.elastic.min_np <= self.train.np <= self.elastic.max_np:
+            raise ConfigError(f"train.np: {self.train.np} is not allowed with elastic training; expected from "
+                              f"elastic.min_np ({self.elastic.min_np}) to elastic.max_np ({self.elastic.max_np})")
         if self.data.batch_size < self.sync.accumulate:
             raise ConfigError(
                 f"sync.accumulate: {self.sync.accumulate} is not allowed with data.batch_size "
