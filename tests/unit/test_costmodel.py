@@ -1,0 +1,74 @@
+"""The cost model (hvdsync.core.costmodel): formulas agree with the simulations' counted bytes, the fit recovers
+known figures, and the patterns rank as the theory says."""
+import doctest
+
+import numpy as np
+import pytest
+
+from hvdsync.core import costmodel
+from hvdsync.core.costmodel import FABRICS, Link, busiest_rank_bytes, fit_link, predict, prediction_ratios
+from hvdsync.core.ring import ring_allreduce
+
+MiB = 2**20
+
+
+def test_docstring_examples():
+    assert doctest.testmod(costmodel).failed == 0
+
+
+def test_fit_recovers_alpha_beta_from_noisy_times_and_predicts_within_a_few_percent():
+    truth = Link(alpha=80e-6, beta=1 / 3e9, gamma=1 / 10e9)
+    sizes = [s * MiB for s in (1, 2, 4, 8, 16, 32, 64)]
+    rng = np.random.default_rng(0)
+    times = [predict("ring", s, 2, truth) * rng.uniform(0.95, 1.05) for s in sizes]
+    fit = fit_link(sizes, times, 2, gamma=truth.gamma)
+    assert fit.alpha == pytest.approx(truth.alpha, rel=0.5)
+    assert fit.beta == pytest.approx(truth.beta, rel=0.1)
+    ratios = prediction_ratios(fit, sizes, times, 2)
+    assert np.all(np.abs(ratios - 1) < 0.1)
+
+
+def test_fit_keeps_alpha_non_negative():
+    sizes = [MiB, 8 * MiB, 64 * MiB]
+    fit = fit_link(sizes, [s * 1e-9 * 0.9 for s in sizes], 2)       # pure bandwidth, a little below zero latency
+    assert fit.alpha >= 0 and fit.beta > 0
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match="pattern"):
+        predict("hypercube", 1, 2, Link(0, 0))
+    with pytest.raises(ValueError, match="servers"):
+        predict("ps", 1, 4, Link(0, 0), servers=5)
+    with pytest.raises(ValueError, match="n:"):
+        fit_link([1, 2], [1, 2], 1)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_ring_bytes_match_the_ring_simulation_and_sharded_ps_equals_the_ring(n):
+    arrays = [np.ones(n * 64, dtype=np.float32) for _ in range(n)]
+    trace = ring_allreduce(arrays)
+    assert trace.bytes_sent.tolist() == [busiest_rank_bytes("ring", arrays[0].nbytes, n)] * n
+    link = Link(20e-6, 1e-9, 1e-10)
+    assert predict("sharded_ps", 64 * MiB, n, link) == pytest.approx(predict("ring", 64 * MiB, n, link))
+
+
+def test_the_single_server_is_the_bottleneck_and_gossip_is_constant_in_the_world_size():
+    link = Link(20e-6, 1e-9)
+    s = 100 * MiB
+    for n in (4, 8, 16, 64):
+        assert busiest_rank_bytes("ps", s, n) / busiest_rank_bytes("ring", s, n) == pytest.approx(n / 2)
+        assert predict("ps", s, n, link) > predict("ring", s, n, link)
+        assert busiest_rank_bytes("gossip", s, n) == 2 * s
+    assert predict("gossip", s, 64, link) == predict("gossip", s, 4, link)
+    # Latency-bound messages favour few steps (tree, recursive doubling); bandwidth-bound ones the ring.
+    assert predict("tree", 1024, 64, link) < predict("ring", 1024, 64, link)
+    assert predict("ring", s, 64, link) < predict("tree", s, 64, link)
+
+
+def test_fabric_table_orders_fabrics_by_bandwidth():
+    rows = costmodel.fabric_table(100 * MiB, 8)
+    assert [r["fabric"] for r in rows] == [f.name for f in FABRICS]
+    ring_times = [r["ring"] for r in rows]
+    bandwidths = [f.bandwidth for f in FABRICS]
+    assert np.argmin(ring_times) == np.argmax(bandwidths) and np.argmax(ring_times) == np.argmin(bandwidths)
+    assert all(f.source for f in FABRICS)
