@@ -2,6 +2,8 @@
 
     hvdsync train --framework torch --np 2 [--compression fp16] [--accumulate 4] [--config run.yaml] [--set k=v]
     hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
+    hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/runs.py)
+    hvdsync sweep --set sync.compression=none,fp16 --set sync.accumulate=1,4 [train options]
 
 Exit status: 0 on success, 2 for a bad config or command line (nothing started), 1 when a worker failed.
 """
@@ -9,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
+from hvdsync import runs
 from hvdsync.config import Config, ConfigError
 
 # CLI flags that are shortcuts for config fields (so `--compression fp16` == `--set sync.compression=fp16`).
@@ -27,17 +31,24 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvdsync", description="Synchronised data-parallel training on Horovod.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train on local Horovod workers (Gloo)")
-    t.add_argument("--config", help="YAML config file (sections: sync, data, train, tracking)")
+    _train_options(t)
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.add_argument("--log-dir", help="folder for the workers' log (default: a temporary folder)")
+    sub.add_parser("doctor", help="show what Horovod was built with and the versions in use")
+    runs.add_parsers(sub)
+    return p
+
+
+def _train_options(t: argparse.ArgumentParser) -> None:
+    """The config options of ``train`` (and ``sweep``, whose ``--set`` may list values: ``sync.accumulate=1,4``)."""
+    t.add_argument("--config", help="YAML config file (sections: sync, data, train, tracking, monitor)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one config field; repeatable")
     for flag, field in SHORTCUTS.items():
         t.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"shortcut for --set {field}=...")
     t.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
+    t.add_argument("--timeline", action="store_true", help="record Horovod's timeline and its per-tensor chart")
     t.add_argument("--verbose", action="store_true", help="show worker output instead of a log file")
-    t.add_argument("--json", action="store_true", help="print the result as JSON")
-    t.add_argument("--log-dir", help="folder for the workers' log (default: a temporary folder)")
-    sub.add_parser("doctor", help="show what Horovod was built with and the versions in use")
-    return p
 
 
 def _config(ns: argparse.Namespace) -> Config:
@@ -48,6 +59,8 @@ def _config(ns: argparse.Namespace) -> Config:
             overrides.append(f"{field}={value}")
     if ns.no_track:
         overrides.append("tracking.enabled=false")
+    if ns.timeline:
+        overrides.append("tracking.timeline=true")
     return Config.load(ns.config, overrides)
 
 
@@ -55,6 +68,7 @@ def _train(ns: argparse.Namespace) -> int:
     from hvdsync import launch
 
     cfg = _config(ns)  # every config error surfaces here, before any worker starts
+    os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
     result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
     return 0
@@ -79,6 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "train":
             return _train(ns)
+        if ns.command == "sweep":
+            # A --set listing several values is an axis of the grid; the others configure every run.
+            axes = [o for o in ns.overrides if "," in o.split("=", 1)[-1]]
+            ns.overrides = [o for o in ns.overrides if o not in axes]
+            if not axes:
+                raise ConfigError("--set: a sweep needs at least one field with several values, e.g. "
+                                  "--set sync.accumulate=1,4")
+            ns.sweeps = axes
+            return runs.main(ns, _config(ns))
+        if ns.command == "runs":
+            return runs.main(ns)
         return _doctor()
     except ConfigError as exc:
         print(f"hvdsync: error: {exc}", file=sys.stderr)

@@ -185,16 +185,27 @@ class TrackingConfig:
             ``mlflow.db``).
         experiment: MLflow experiment name.
         run_name: MLflow run name; empty lets MLflow choose.
+        spool_dir: where every record is written before it is sent (empty: ``$HVDSYNC_CACHE/spool``, i.e.
+            ``~/.cache/hvdsync/spool``); what a dead store did not get stays there for ``hvdsync runs push``.
+        parent_run_id: record the run as a child of this MLflow run (what ``hvdsync sweep`` sets).
+        system_metrics: record CPU, memory, disk, network and GPU use of every node (``system/<node>/...``).
+        timeline: capture Horovod's timeline (``HOROVOD_TIMELINE``) and record it with a per-tensor chart.
     """
 
     enabled: bool = True
     tracking_uri: str = ""
     experiment: str = "hvdsync"
     run_name: str = ""
+    spool_dir: str = ""
+    parent_run_id: str = ""
+    system_metrics: bool = True
+    timeline: bool = False
 
     def __post_init__(self) -> None:
         _bool("tracking.enabled", self.enabled)
-        for name in ("tracking_uri", "experiment", "run_name"):
+        _bool("tracking.system_metrics", self.system_metrics)
+        _bool("tracking.timeline", self.timeline)
+        for name in ("tracking_uri", "experiment", "run_name", "spool_dir", "parent_run_id"):
             if not isinstance(getattr(self, name), str):
                 _fail(f"tracking.{name}", getattr(self, name), "expected a string")
         if not self.experiment:
@@ -252,14 +263,37 @@ class ElasticConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """Cross-rank checks every ``every`` steps (one small all-gather; see :mod:`hvdsync.core.observe`).
+
+    Args:
+        every: steps between checks; also the interval of per-step and per-rank metrics. 0 turns both off.
+        straggler_ratio: a rank whose working time per step (its step time minus its wait in the all-reduce) is
+            more than this times the median of the other ranks' is named a straggler.
+        divergence_tolerance: largest allowed difference between ranks' parameter fingerprints (0: bitwise equal,
+            what synchronous training guarantees).
+    """
+
+    every: int = 10
+    straggler_ratio: float = 2.0
+    divergence_tolerance: float = 0.0
+
+    def __post_init__(self) -> None:
+        _int("monitor.every", self.every, 0)
+        _number("monitor.straggler_ratio", self.straggler_ratio, 1.0, low_open=True)
+        _number("monitor.divergence_tolerance", self.divergence_tolerance, 0.0)
+
+
+@dataclass
 class Config:
-    """The whole config: ``sync``, ``data``, ``train``, ``tracking``, ``elastic``."""
+    """The whole config: ``sync``, ``data``, ``train``, ``tracking``, ``elastic``, ``monitor``."""
 
     sync: SyncConfig = field(default_factory=SyncConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self) -> None:
         if self.elastic.enabled and not self.elastic.min_np <= self.train.np <= self.elastic.max_np:

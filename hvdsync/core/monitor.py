@@ -1,14 +1,28 @@
-"""Cross-rank consistency: are all ranks still training the same model?
+"""Cross-rank checks: are all ranks still training the same model, and is one of them holding the others back?
 
-A parameter fingerprint is a few float64 numbers per rank (sum, sum of squares, a position-weighted sum over
-every parameter). Ranks all-gather them; any difference means a rank diverged (a missed broadcast, a codec bug,
-a non-deterministic op that is not synchronised). Cheap enough to check every epoch.
+* A parameter fingerprint is a few float64 numbers per rank (sum, sum of squares, a position-weighted sum over every
+  parameter). Under synchronous training every rank applies the same averaged gradient to the same parameters, so
+  the fingerprints are bitwise equal; any difference means a rank diverged (a missed broadcast, a codec bug, a
+  rank that skipped an update, memory corruption).
+* A straggler is a rank whose *working* time per step (its step time minus its wait in the all-reduce) is far above
+  the others'. Plain step time cannot show it: in lock-step training every rank's step takes as long as the
+  slowest one's, the fast ranks just spend the difference waiting in the all-reduce.
+* The loss spread (largest minus smallest per-rank loss) and the gradient norm are recorded as they are.
+
+:mod:`hvdsync.core.observe` gathers the figures every ``monitor.every`` steps; :class:`Alarms` turns the checks into
+an MLflow tag and metric and one warning line naming the rank.
 """
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
+
+
+class MonitorWarning(UserWarning):
+    """A rank diverged or straggles."""
 
 
 def fingerprint(params: Iterable[np.ndarray]) -> np.ndarray:
@@ -27,3 +41,66 @@ def spread(gathered: np.ndarray) -> float:
     """Largest difference between any two ranks' rows of an all-gathered ``(world_size, ...)`` array."""
     gathered = np.asarray(gathered, dtype=np.float64)
     return float(np.max(gathered.max(axis=0) - gathered.min(axis=0))) if gathered.size else 0.0
+
+
+def diverged_ranks(fingerprints: np.ndarray, tolerance: float = 0.0) -> list[int]:
+    """Ranks whose fingerprint differs from rank 0's (rank 0's state is what every rank started from) by more
+    than ``tolerance``."""
+    fp = np.asarray(fingerprints, dtype=np.float64)
+    return [r for r in range(1, len(fp)) if float(np.max(np.abs(fp[r] - fp[0]))) > tolerance]
+
+
+def straggler(work_seconds: Iterable[float]) -> tuple[int, float]:
+    """The slowest rank and how many times the median of the *other* ranks' working time it took.
+
+    The median of the others (not of all) so that 2 workers work too: with one rank 10x slower, the median of
+    both would be half the slow one's time and the ratio could never exceed 2.
+    """
+    work = np.asarray(list(work_seconds), dtype=np.float64)
+    if len(work) < 2:
+        return 0, 1.0
+    slow = int(np.argmax(work))
+    others = float(np.median(np.delete(work, slow)))
+    return slow, float(work[slow] / others) if others > 0 else float("inf")
+
+
+@dataclass
+class Alarms:
+    """Raises each kind of alarm once per run: an MLflow tag and metric, and one warning naming the rank.
+
+    Args:
+        tracker: where the tag and metric go (the no-op tracker on ranks other than 0).
+        straggler_ratio: the :func:`straggler` ratio beyond which the slowest rank is a straggler.
+        divergence_tolerance: see :func:`diverged_ranks`.
+    """
+
+    tracker: object
+    straggler_ratio: float = 2.0
+    divergence_tolerance: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.raised: dict[str, dict] = {}
+
+    def check(self, step: int, fingerprints: np.ndarray, work_seconds: Iterable[float]) -> dict[str, float]:
+        """Run both checks on one gathering; returns the monitor metrics to record (alarms included)."""
+        bad = diverged_ranks(fingerprints, self.divergence_tolerance)
+        slow, ratio = straggler(work_seconds)
+        metrics = {"monitor/param_spread": spread(fingerprints), "monitor/straggler_ratio": ratio}
+        if bad:
+            metrics["alarm/divergence"] = 1.0
+            self._raise("divergence", step, bad[0],
+                        f"rank {bad[0]}'s parameters differ from rank 0's at step {step} (fingerprint spread "
+                        f"{metrics['monitor/param_spread']:.3g}); the ranks no longer train the same model")
+        if ratio > self.straggler_ratio:
+            metrics["alarm/straggler"] = 1.0
+            self._raise("straggler", step, slow,
+                        f"rank {slow} is a straggler at step {step}: it works {ratio:.1f}x as long per step as the "
+                        f"median of the other ranks (threshold {self.straggler_ratio:g}); the others wait for it")
+        return metrics
+
+    def _raise(self, kind: str, step: int, rank: int, message: str) -> None:
+        if kind in self.raised:
+            return
+        self.raised[kind] = {"step": step, "rank": rank, "message": message}
+        self.tracker.set_tags({f"hvdsync.alarm.{kind}": message, f"hvdsync.alarm.{kind}.rank": rank})
+        warnings.warn(f"hvdsync: {message}", MonitorWarning, stacklevel=3)

@@ -1,93 +1,267 @@
-"""Run tracking in MLflow: rank 0 writes, the other ranks write nothing, and a tracking failure never stops training.
+"""Run tracking in MLflow: one run per job, written by rank 0; a metric is never lost and never slows training.
 
-Both adapters log through the same :class:`Tracker`, from the shared loop (:mod:`hvdsync.core.loop`), so a
-PyTorch run and a TensorFlow run of the same config record the same parameter and metric names.
+Rank 0 owns the run (the other ranks' figures reach it through Horovod collectives, see
+:mod:`hvdsync.core.observe`); it writes through ``mlflow.MlflowClient`` with an explicit run id, never MLflow's
+global "active run", whose ``atexit`` hook would end the run when any process holding it exits.
+
+Every call goes to a local spool first (:mod:`hvdsync.core.spool`, a file under ``tracking.spool_dir``) and returns
+at once; a background thread sends the spool to the store, with a short timeout per request and a few retries. When
+the store does not answer (down at start, or dying mid-run) training goes on at full speed, one warning says so and
+names the spool, and the thread keeps probing: what it could not send is sent when the store answers again, by the
+next run that tracks to the same store (automatically), or by ``hvdsync runs push SPOOL``; each record lands once.
+
+Both adapters (and the Keras callback) log through the same :class:`Tracker`, from the shared loop
+(:mod:`hvdsync.core.loop`), so a PyTorch run and a TensorFlow run of the same config record the same names.
 """
 from __future__ import annotations
 
-import functools
+import collections
+import itertools
+import os
+import threading
+import time
 import warnings
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
+from hvdsync.core.record import mask_url_passwords
+from hvdsync.core.spool import Spool, default_spool_dir, next_batch, pending_spools, push, send
 
-# The metric names every run records (the cross-framework test checks both frameworks log exactly these).
+# The metric names every run records per epoch and at the end (the cross-framework test checks both frameworks log
+# these); per-step, per-rank, monitor and system metrics come on top (see hvdsync.core.observe).
 EPOCH_METRICS = ("train_loss", "test_accuracy", "epoch_seconds", "samples_per_second", "step_seconds_max_rank",
                  "step_seconds_min_rank")
 FINAL_METRICS = ("final_test_accuracy", "wire_bytes", "allreduce_rounds", "total_seconds")
 
+# MLflow's REST client retries 7 times with backoff and waits up to 120 s per attempt: minutes per call on a dead
+# server. The sender asks for one short attempt per call and does its own (bounded) retrying; set by the tracking
+# process only, and only where the user has not chosen values.
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+            # and no "View run at ..." line on the user's terminal when the run ends
+            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
-def _never_raises(method: Callable) -> Callable:
-    """Tracking is a side effect: if MLflow fails (server down, disk full), warn once and go on without it."""
 
-    @functools.wraps(method)
-    def wrapper(self: "Tracker", *args: Any, **kwargs: Any) -> Any:
-        if not self.active:
-            return None
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any tracking error must not kill training
-            self.active = False
-            warnings.warn(f"hvdsync: MLflow tracking disabled for this run after an error: {exc}", stacklevel=2)
-            return None
-
-    return wrapper
+class TrackingWarning(UserWarning):
+    """The MLflow store did not answer; the run's records are kept in the spool."""
 
 
 class Tracker:
-    """The no-op tracker (ranks other than 0, or tracking switched off)."""
+    """The no-op tracker (ranks other than 0, or tracking switched off). The MLflow one has the same methods."""
 
     active = False
     run_id: str | None = None
+    spool_path: Path | None = None
 
     def start(self, params: dict[str, Any], tags: dict[str, str] | None = None) -> None: ...
 
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
+def resolve_uri(uri: str) -> str:
+    """The tracking URI ``uri`` stands for, made absolute (so a later ``runs push`` from another folder finds the
+    same store): empty means MLflow's own default (``MLFLOW_TRACKING_URI`` or its local database)."""
+    import mlflow
+
+    uri = uri or mlflow.get_tracking_uri()
+    for prefix in ("sqlite:///", "file://"):
+        path = uri[len(prefix):]
+        if uri.startswith(prefix) and path and not path.startswith("/"):
+            return prefix + str(Path(path).resolve())
+    if "://" not in uri:  # a bare folder: MLflow's file store
+        return str(Path(uri).resolve())
+    return uri
+
+
 class MLflowTracker(Tracker):
-    """Writes one MLflow run through ``mlflow.MlflowClient`` (explicit run id: no global active-run state)."""
+    """One MLflow run: spool first, background sender second.
 
-    def __init__(self, tracking_uri: str = "", experiment: str = "hvdsync", run_name: str = "") -> None:
+    Args:
+        tracking_uri: the store ("" = MLflow's default).
+        experiment: experiment name (created when missing).
+        run_name: MLflow run name ("" lets MLflow choose).
+        spool_dir: where the spool goes ("" = ``$HVDSYNC_CACHE/spool``).
+        parent_run_id: makes this run a child of that one (``hvdsync sweep``).
+        flush_seconds: how long :meth:`finish` waits for the sender before leaving the rest in the spool.
+        retries: attempts per record before the store counts as down (then it is probed every ``probe_seconds``).
+    """
+
+    def __init__(self, tracking_uri: str = "", experiment: str = "hvdsync", run_name: str = "", spool_dir: str = "",
+                 parent_run_id: str = "", flush_seconds: float = 10.0, retries: int = 3,
+                 probe_seconds: float = 2.0) -> None:
         self.active = True
-        self._uri = tracking_uri or None
-        self._experiment = experiment
-        self._run_name = run_name or None
+        self._uri, self._experiment, self._run_name = tracking_uri, experiment, run_name
+        self._spool_dir = Path(spool_dir) if spool_dir else default_spool_dir()
+        self._parent, self._flush_seconds = parent_run_id, flush_seconds
+        self._retries, self._probe_seconds = retries, probe_seconds
+        self._queue: collections.deque[dict] = collections.deque()
+        self._wake = threading.Event()
+        self._ending = False
+        self._warned = False
+        self._thread: threading.Thread | None = None
+        self.spool: Spool | None = None
+        self._run_id: str | None = None
+        self.sent = 0
+        self.pushed_from_earlier = 0
 
-    @_never_raises
-    def start(self, params: dict[str, Any], tags: dict[str, str] | None = None) -> None:
-        import mlflow  # imported here: workers that do not track never pay for it; errors land in _never_raises
-
-        self._client = mlflow.MlflowClient(tracking_uri=self._uri)
-        exp = self._client.get_experiment_by_name(self._experiment)
-        exp_id = exp.experiment_id if exp else self._client.create_experiment(self._experiment)
-        run = self._client.create_run(exp_id, run_name=self._run_name, tags=tags or {})
-        self.run_id = run.info.run_id
-        from mlflow.entities import Param
-
-        self._client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in sorted(params.items())])
-
-    @_never_raises
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self.run_id is None:
+    # ---- the training thread's side: write to the spool, never wait ---------------------------------------
+    def _write(self, op: str, **fields: Any) -> None:
+        if self.spool is None:
             return
-        import time
+        try:
+            record = self.spool.append(op, **fields)
+        except OSError as exc:  # a full disk must not stop training either
+            self._warn(f"hvdsync: cannot write the tracking spool {self.spool.path} ({exc}); tracking is off")
+            self.spool = None
+            return
+        self._queue.append(record)
+        self._wake.set()
 
-        from mlflow.entities import Metric
+    def start(self, params: dict[str, Any], tags: dict[str, str] | None = None) -> None:
+        for key, value in HTTP_ENV.items():
+            os.environ.setdefault(key, value)
+        try:
+            self._uri = resolve_uri(self._uri)
+            self.spool = Spool.create(self._spool_dir)
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop training
+            self._warn(f"hvdsync: MLflow tracking is off for this run: {exc}")
+            self.active = False
+            return
+        self.spool.hold_lock()
+        self.spool_path = self.spool.path
+        tags = {**(tags or {}), **({"mlflow.parentRunId": self._parent} if self._parent else {})}
+        self._write("start", uri=self._uri, experiment=self._experiment, run_name=self._run_name, tags=tags,
+                    time=_now_ms())
+        self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
+        self._thread = threading.Thread(target=self._send_loop, name="hvdsync-tracking", daemon=True)
+        self._thread.start()
 
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
-        self._client.log_batch(self.run_id, metrics=batch)
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._write("params", params=params)
 
-    @_never_raises
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        now = _now_ms()
+        self._write("metrics", metrics=[[k, float(v), now, int(step or 0)] for k, v in metrics.items()])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._write("tags", tags={k: str(v) for k, v in tags.items()})
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if self.spool is None:
+            return
+        try:
+            name = self.spool.add_file(path)
+        except OSError as exc:
+            self._warn(f"hvdsync: artifact {path} not recorded ({exc})")
+            return
+        self._write("artifact", file=name, artifact_path=artifact_path)
+
     def finish(self, status: str = "FINISHED") -> None:
-        if self.run_id is not None:
-            self._client.set_terminated(self.run_id, status=status)
+        """End the run: the end record goes to the spool; wait up to ``flush_seconds`` for the sender."""
+        if self.spool is None:
+            return
+        self._write("end", status=status, time=_now_ms())
+        self._ending = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._flush_seconds)
+        left = len(self._queue)
+        if left:
+            self._warn(f"hvdsync: {left} tracking records were not sent to {self._uri}; they are kept in "
+                       f"{self.spool.path}: `hvdsync runs push {self.spool.path}` sends them (the next run to this "
+                       f"store also does)")
+        self.spool.close()
+        self.spool.release_lock()
+        if not left and self.run_id and self.spool.complete():
+            self.spool.remove()  # everything is in the store now
+
+    @property
+    def run_id(self) -> str | None:  # type: ignore[override]
+        """The MLflow run id once the store has created the run (None while it has not answered)."""
+        if self._run_id is None and self.spool is not None:
+            self._run_id = self.spool.run_id()
+        return self._run_id
+
+    # ---- the sender thread ------------------------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=self._uri)
+        earlier_done = False
+        while True:
+            if not self._queue:
+                if not earlier_done:
+                    earlier_done = True
+                    self._push_earlier(client)
+                    continue
+                if self._ending:
+                    return
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            batch = next_batch(list(itertools.islice(self._queue, 0, 1000)))
+            if self._send(client, batch):
+                for _ in batch:
+                    self._queue.popleft()
+                self.sent += len(batch)
+            elif self._ending and not self._wait(0):
+                return
+            else:
+                self._wait(self._probe_seconds)
+
+    def _send(self, client, batch: list[dict]) -> bool:
+        """Send one batch with up to ``retries`` attempts (short backoff); False when the store stays silent."""
+        error: Exception | None = None
+        for attempt in range(self._retries):
+            try:
+                send(client, self.spool, batch)
+                return True
+            except Exception as exc:  # noqa: BLE001 - any store error: keep the record, retry later
+                error = exc
+                if not self._wait(0.2 * 2**attempt):
+                    break
+        self._warn(f"hvdsync: the MLflow store {self._uri} did not answer ({type(error).__name__}: "
+                   f"{str(error).splitlines()[0][:200] if str(error) else ''}); training goes on, every record is "
+                   f"kept in {self.spool.path} and sent when the store answers again, or by "
+                   f"`hvdsync runs push {self.spool.path}`")
+        return False
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; False once the run is ending and the flush time is up (stop retrying)."""
+        if self._ending:
+            return False
+        time.sleep(seconds)
+        return True
+
+    def _push_earlier(self, client) -> None:
+        """Send what earlier runs to this store left in the spool folder (each spool under its own lock)."""
+        for spool in pending_spools(self._spool_dir, self._uri, exclude=self.spool.path):
+            try:
+                self.pushed_from_earlier += push(spool, client)["sent"]
+            except Exception:  # noqa: BLE001 - locked by a live run, or the store refuses: leave it for later
+                continue
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:  # one warning per run: a flapping server must not flood the user's terminal
+            self._warned = True
+            warnings.warn(message, TrackingWarning, stacklevel=3)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def make_tracker(tracking_cfg, rank: int) -> Tracker:
     """The tracker for this rank: MLflow on rank 0 when enabled, else the no-op one."""
     if rank != 0 or not tracking_cfg.enabled:
         return Tracker()
-    return MLflowTracker(tracking_cfg.tracking_uri, tracking_cfg.experiment, tracking_cfg.run_name)
+    return MLflowTracker(tracking_cfg.tracking_uri, tracking_cfg.experiment, tracking_cfg.run_name,
+                         spool_dir=getattr(tracking_cfg, "spool_dir", ""),
+                         parent_run_id=getattr(tracking_cfg, "parent_run_id", ""))

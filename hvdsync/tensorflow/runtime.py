@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from hvdsync.core import seeding
+from hvdsync.core.observe import prepare_timeline
 from hvdsync.core.runtime import WorkerInfo
 
 
@@ -46,6 +47,7 @@ def init(cfg=None) -> WorkerInfo:
     cfg = cfg or Config()
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
+    prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
     hvd.init()
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
     _pin_gpu(info.local_rank)

@@ -5,6 +5,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdsync.core import seeding
+from hvdsync.core.observe import prepare_timeline
 from hvdsync.core.runtime import WorkerInfo
 
 
@@ -20,6 +21,7 @@ def init(cfg=None) -> WorkerInfo:
     cfg = cfg or Config()
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
+    prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
     hvd.init()
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
     if torch.cuda.is_available():

@@ -75,6 +75,12 @@ class TorchBackend:
     def parameters(self) -> list[np.ndarray]:
         return [p.detach().cpu().numpy() for p in self.model.parameters()]
 
+    @torch.no_grad()
+    def grad_norm(self) -> float:
+        """L2 norm of the last step's (all-reduced) gradient, for the monitor."""
+        grads = [p.grad.detach().double().norm() for p in self.model.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else 0.0
+
 
 def build(cfg, data: datasets.Dataset) -> TorchBackend:
     """Model, local optimizer (learning rate scaled per ``train.lr_scaling``) and Horovod wrapping."""

@@ -1,47 +1,108 @@
-"""MLflow run records: rank 0 writes a real store; other ranks write nothing; a broken store never stops training."""
+"""MLflow run records through the spool: rank 0 writes a real store; other ranks write nothing; a broken store never
+stops training, warns once, and loses nothing (``runs push`` and the next run send the rest, each record once)."""
+import json
 import warnings
 
 import mlflow
 import pytest
 
+from hvdsync import cli
 from hvdsync.config import TrackingConfig
-from hvdsync.core.tracking import MLflowTracker, Tracker, make_tracker
+from hvdsync.core.spool import Spool
+from hvdsync.core.tracking import MLflowTracker, Tracker, TrackingWarning, make_tracker
 
 
-def test_rank0_records_params_metrics_and_status_in_a_real_store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = make_tracker(TrackingConfig(tracking_uri=uri, experiment="unit"), rank=0)
-    assert isinstance(tracker, MLflowTracker)
-    tracker.start({"sync.compression": "fp16", "world_size": 2}, tags={"framework": "torch"})
-    for epoch, acc in enumerate([0.5, 0.8, 0.9]):
-        tracker.log_metrics({"test_accuracy": acc}, step=epoch)
+def _run(tracker, steps=30, artifact=None):
+    tracker.start({"sync.compression": "fp16", "world_size": 2,
+                   "tracking.tracking_uri": "http://alice:hunter2@example.org"}, tags={"framework": "torch"})
+    for step in range(steps):
+        tracker.log_metrics({"loss": 1.0 / (step + 1), "rank/1/loss": 2.0 / (step + 1)}, step=step)
+    if artifact is not None:
+        tracker.log_artifact(artifact, "hvdsync")
     tracker.finish()
-    run = mlflow.MlflowClient(uri).get_run(tracker.run_id)
-    assert run.data.params == {"sync.compression": "fp16", "world_size": "2"}
-    assert run.data.tags["framework"] == "torch"
-    assert run.info.status == "FINISHED"
-    history = mlflow.MlflowClient(uri).get_metric_history(tracker.run_id, "test_accuracy")
-    assert [(m.step, m.value) for m in history] == [(0, 0.5), (1, 0.8), (2, 0.9)]
+
+
+def test_rank0_records_params_metrics_artifacts_and_status_in_a_real_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "note.txt").write_text("hello")
+    tracker = make_tracker(TrackingConfig(tracking_uri=uri, experiment="unit", spool_dir=str(tmp_path / "spool")), 0)
+    assert isinstance(tracker, MLflowTracker)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run(tracker, artifact=tmp_path / "note.txt")
+    assert not [w for w in caught if issubclass(w.category, TrackingWarning)]  # a healthy store: no warning
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(tracker.run_id)
+    assert run.data.params == {"sync.compression": "fp16", "world_size": "2",
+                               "tracking.tracking_uri": "http://alice:***@example.org"}
+    assert run.data.tags["framework"] == "torch" and run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "rank/1/loss")][:2] == [(0, 2.0), (1, 1.0)]
+    assert len(client.get_metric_history(tracker.run_id, "loss")) == 30
+    assert [a.path for a in client.list_artifacts(tracker.run_id, "hvdsync")] == ["hvdsync/note.txt"]
+    assert list((tmp_path / "spool").glob("*.jsonl")) == []  # all sent: the spool is gone
 
 
 def test_other_ranks_and_disabled_tracking_write_nothing(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for tracker in (make_tracker(TrackingConfig(tracking_uri=uri), rank=1),
-                    make_tracker(TrackingConfig(tracking_uri=uri, enabled=False), rank=0)):
+    for tracker in (make_tracker(TrackingConfig(tracking_uri=uri, spool_dir=str(tmp_path)), rank=1),
+                    make_tracker(TrackingConfig(tracking_uri=uri, enabled=False, spool_dir=str(tmp_path)), rank=0)):
         assert type(tracker) is Tracker
         tracker.start({"a": 1})
-        tracker.finish()
-    assert not (tmp_path / "mlflow.db").exists()
-
-
-def test_a_broken_store_warns_once_and_does_not_raise(tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("a file where the store's folder should be")
-    tracker = MLflowTracker(tracking_uri=f"sqlite:///{blocker}/sub/mlflow.db", experiment="x")
-    with pytest.warns(UserWarning, match="MLflow tracking disabled"):
-        tracker.start({"a": 1})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")           # after the first failure it stays silent
         tracker.log_metrics({"loss": 1.0}, step=0)
         tracker.finish()
-    assert tracker.active is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def _counts(uri, run_id, keys=("loss", "rank/1/loss")):
+    client = mlflow.MlflowClient(uri)
+    return {k: len(client.get_metric_history(run_id, k)) for k in keys}
+
+
+def test_a_broken_store_warns_once_keeps_everything_and_push_lands_each_metric_once(tmp_path, capsys):
+    blocker = tmp_path / "store"
+    blocker.write_text("a file where the store's folder should be")
+    uri = f"sqlite:///{blocker}/mlflow.db"
+    tracker = MLflowTracker(uri, "unit", spool_dir=str(tmp_path / "spool"), flush_seconds=5)
+    with pytest.warns(TrackingWarning) as caught:
+        _run(tracker, steps=40)
+    assert len(caught) == 1 and "runs push" in str(caught[0].message)
+    assert tracker.run_id is None and tracker.sent == 0
+    spool = Spool(tracker.spool_path)
+    records = list(spool.records())
+    assert sum(len(r.get("metrics", [])) for r in records) == 80 and records[-1]["op"] == "end"
+
+    blocker.unlink()
+    blocker.mkdir()
+    assert cli.main(["runs", "push", str(tmp_path / "spool")]) == 0
+    assert "sent 43 records" in capsys.readouterr().out  # start, params, 40 metric records, end
+    assert not spool.path.exists()  # everything acknowledged: the spool was removed
+    client = mlflow.MlflowClient(f"sqlite:///{blocker}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("unit").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
+    assert _counts(f"sqlite:///{blocker}/mlflow.db", run.info.run_id) == {"loss": 40, "rank/1/loss": 40}
+
+
+def test_lost_acknowledgements_resend_without_duplicates_and_the_next_run_pushes_old_spools(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spool_dir = tmp_path / "spool"
+    first = MLflowTracker(uri, "unit", spool_dir=str(spool_dir))
+    _run(first, steps=20)
+    # Put the spool back as if the store had accepted everything but its answers were lost after the run's start.
+    spool = Spool(spool_dir / "old.jsonl")
+    for record in [{"seq": 0, "op": "start", "uri": uri, "experiment": "unit", "run_name": "", "tags": {}},
+                   *({"seq": i + 1, "op": "metrics", "metrics": [["loss", 1.0 / (i + 1), 1000 + i, i]]}
+                     for i in range(20)),
+                   {"seq": 21, "op": "end", "status": "FINISHED"}]:
+        spool.path.open("a").write(json.dumps(record) + "\n")
+    spool.ack([0], run_id=first.run_id)
+    spool.ack(list(range(1, 6)))  # 5 acknowledged; 15 and the end were "sent" but not acknowledged
+    mlflow.MlflowClient(uri).log_batch(first.run_id, metrics=[
+        mlflow.entities.Metric("loss", 1.0 / (i + 1), 1000 + i, i) for i in range(20)])
+    before = _counts(uri, first.run_id, ("loss",))["loss"]
+
+    second = MLflowTracker(uri, "unit", spool_dir=str(spool_dir))
+    _run(second, steps=3)  # its sender first pushes what earlier runs left
+    assert second.pushed_from_earlier == 16
+    assert _counts(uri, first.run_id, ("loss",))["loss"] == before  # the 15 resent metrics landed once
+    assert mlflow.MlflowClient(uri).get_run(first.run_id).info.status == "FINISHED"
+    assert list(spool_dir.glob("*.jsonl")) == []
