@@ -190,6 +190,8 @@ class TrackingConfig:
         parent_run_id: record the run as a child of this MLflow run (what ``hvdsync sweep`` sets).
         system_metrics: record CPU, memory, disk, network and GPU use of every node (``system/<node>/...``).
         timeline: capture Horovod's timeline (``HOROVOD_TIMELINE``) and record it with a per-tensor chart.
+        flush_seconds: at the end, how long to wait for the store to take what is still queued (a dead store
+            answers at once; the rest stays in the spool).
     """
 
     enabled: bool = True
@@ -200,11 +202,13 @@ class TrackingConfig:
     parent_run_id: str = ""
     system_metrics: bool = True
     timeline: bool = False
+    flush_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         _bool("tracking.enabled", self.enabled)
         _bool("tracking.system_metrics", self.system_metrics)
         _bool("tracking.timeline", self.timeline)
+        _number("tracking.flush_seconds", self.flush_seconds, 0.0)
         for name in ("tracking_uri", "experiment", "run_name", "spool_dir", "parent_run_id"):
             if not isinstance(getattr(self, name), str):
                 _fail(f"tracking.{name}", getattr(self, name), "expected a string")

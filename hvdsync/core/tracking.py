@@ -94,7 +94,7 @@ class MLflowTracker(Tracker):
     """
 
     def __init__(self, tracking_uri: str = "", experiment: str = "hvdsync", run_name: str = "", spool_dir: str = "",
-                 parent_run_id: str = "", flush_seconds: float = 10.0, retries: int = 3,
+                 parent_run_id: str = "", flush_seconds: float = 30.0, retries: int = 3,
                  probe_seconds: float = 2.0) -> None:
         self.active = True
         self._uri, self._experiment, self._run_name = tracking_uri, experiment, run_name
@@ -263,5 +263,5 @@ def make_tracker(tracking_cfg, rank: int) -> Tracker:
     if rank != 0 or not tracking_cfg.enabled:
         return Tracker()
     return MLflowTracker(tracking_cfg.tracking_uri, tracking_cfg.experiment, tracking_cfg.run_name,
-                         spool_dir=getattr(tracking_cfg, "spool_dir", ""),
-                         parent_run_id=getattr(tracking_cfg, "parent_run_id", ""))
+                         spool_dir=tracking_cfg.spool_dir,
+                         parent_run_id=tracking_cfg.parent_run_id, flush_seconds=tracking_cfg.flush_seconds)

@@ -12,6 +12,14 @@ from hvdsync.core.spool import Spool
 from hvdsync.core.tracking import MLflowTracker, Tracker, TrackingWarning, make_tracker
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite store for the module (creating one runs MLflow's migrations: seconds)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    mlflow.MlflowClient(uri).search_experiments()
+    return uri
+
+
 def _run(tracker, steps=30, artifact=None):
     tracker.start({"sync.compression": "fp16", "world_size": 2,
                    "tracking.tracking_uri": "http://alice:hunter2@example.org"}, tags={"framework": "torch"})
@@ -22,8 +30,8 @@ def _run(tracker, steps=30, artifact=None):
     tracker.finish()
 
 
-def test_rank0_records_params_metrics_artifacts_and_status_in_a_real_store(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_rank0_records_params_metrics_artifacts_and_status_in_a_real_store(tmp_path, store):
+    uri = store
     (tmp_path / "note.txt").write_text("hello")
     tracker = make_tracker(TrackingConfig(tracking_uri=uri, experiment="unit", spool_dir=str(tmp_path / "spool")), 0)
     assert isinstance(tracker, MLflowTracker)
@@ -62,7 +70,7 @@ def test_a_broken_store_warns_once_keeps_everything_and_push_lands_each_metric_o
     blocker = tmp_path / "store"
     blocker.write_text("a file where the store's folder should be")
     uri = f"sqlite:///{blocker}/mlflow.db"
-    tracker = MLflowTracker(uri, "unit", spool_dir=str(tmp_path / "spool"), flush_seconds=5)
+    tracker = MLflowTracker(uri, "unit", spool_dir=str(tmp_path / "spool"))
     with pytest.warns(TrackingWarning) as caught:
         _run(tracker, steps=40)
     assert len(caught) == 1 and "runs push" in str(caught[0].message)
@@ -82,10 +90,10 @@ def test_a_broken_store_warns_once_keeps_everything_and_push_lands_each_metric_o
     assert _counts(f"sqlite:///{blocker}/mlflow.db", run.info.run_id) == {"loss": 40, "rank/1/loss": 40}
 
 
-def test_lost_acknowledgements_resend_without_duplicates_and_the_next_run_pushes_old_spools(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_lost_acknowledgements_resend_without_duplicates_and_the_next_run_pushes_old_spools(tmp_path, store):
+    uri = store
     spool_dir = tmp_path / "spool"
-    first = MLflowTracker(uri, "unit", spool_dir=str(spool_dir))
+    first = MLflowTracker(uri, "unit-acks", spool_dir=str(spool_dir))
     _run(first, steps=20)
     # Put the spool back as if the store had accepted everything but its answers were lost after the run's start.
     spool = Spool(spool_dir / "old.jsonl")
@@ -100,7 +108,7 @@ def test_lost_acknowledgements_resend_without_duplicates_and_the_next_run_pushes
         mlflow.entities.Metric("loss", 1.0 / (i + 1), 1000 + i, i) for i in range(20)])
     before = _counts(uri, first.run_id, ("loss",))["loss"]
 
-    second = MLflowTracker(uri, "unit", spool_dir=str(spool_dir))
+    second = MLflowTracker(uri, "unit-acks", spool_dir=str(spool_dir))
     _run(second, steps=3)  # its sender first pushes what earlier runs left
     assert second.pushed_from_earlier == 16
     assert _counts(uri, first.run_id, ("loss",))["loss"] == before  # the 15 resent metrics landed once
