@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test lab bench clean-horovod-cache
+.PHONY: install demo test lab bench clean-horovod-cache docker-cpu docker-gpu docker-test
 
 install:
 	bash scripts/install.sh
@@ -26,3 +26,14 @@ bench: install
 
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"
+
+# Docker images (docker/README.md). They need a Docker engine; `make test` does not.
+docker-cpu:
+	python3 docker/build.py cpu
+
+docker-gpu:
+	python3 docker/build.py gpu
+
+# Opt-in tests: build both images, run the demo and the smoke test in the CPU one, check-build in the GPU one.
+docker-test: install
+	$(PY) -m pytest -m docker tests/docker -v

@@ -15,6 +15,8 @@
 #   PYTHON                    the interpreter of the target environment (default: python on PATH)
 #   HVDSYNC_CACHE             cache folder (default ${XDG_CACHE_HOME:-~/.cache}/hvdsync)
 #   HVDSYNC_HOROVOD_REBUILD=1 ignore the cache
+#   HVDSYNC_HOROVOD_GPU       auto (default) | cpu | nccl: see "Gloo only, or with NCCL" below
+#   HVDSYNC_CUDA_FROM_WHEELS=1  NCCL builds: take nvcc and CUDA's headers from pip's wheels even if a system CUDA exists
 #   HOROVOD_BUILD_CUDA_CC_LIST  GPU builds only: compute capabilities (default 80,90: A100, H100/H200)
 # Arguments: --print-key prints the cache key and the cache folder, and exits.
 set -euo pipefail
@@ -29,28 +31,74 @@ cache_root="${HVDSYNC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdsync}/horovod"
 
 say() { printf '[build_horovod] %s\n' "$*" >&2; }
 
-# ---- GPU detection: NCCL only where both a CUDA compiler and NCCL are present --------------------------------
-nvcc_bin="$(command -v nvcc || true)"
-[ -z "$nvcc_bin" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && nvcc_bin="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
-nccl_home="${HOROVOD_NCCL_HOME:-}"
-if [ -n "$nvcc_bin" ] && [ -z "$nccl_home" ]; then
-  # The nvidia-nccl-cu* wheels that CUDA builds of torch pull in carry NCCL's header and library.
-  nccl_home="$("$PY" - <<'EOF' 2>/dev/null || true
-import importlib.util, os
-spec = importlib.util.find_spec("nvidia.nccl")
-if spec and spec.submodule_search_locations:
-    root = list(spec.submodule_search_locations)[0]
-    if os.path.exists(os.path.join(root, "include", "nccl.h")):
-        print(root)
+# ---- Gloo only, or with NCCL ---------------------------------------------------------------------------------
+# HVDSYNC_HOROVOD_GPU=auto (default): NCCL only where the environment's torch is a CUDA build AND a CUDA compiler and
+# NCCL are found; otherwise Gloo only. A machine with nvcc but torch's CPU build (a CPU venv on a box that has CUDA)
+# therefore stays CPU: a CUDA Horovod next to CPU torch would only fail at run time.
+# HVDSYNC_HOROVOD_GPU=cpu: Gloo only, whatever is installed. HVDSYNC_HOROVOD_GPU=nccl: NCCL or a clear error naming
+# the missing piece. The CUDA toolkit comes from nvcc on PATH / $CUDA_HOME, or, when there is none (or
+# HVDSYNC_CUDA_FROM_WHEELS=1), from pip's CUDA wheels in the environment (scripts/cuda-build-requirements.txt);
+# NCCL from $HOROVOD_NCCL_HOME, the nvidia-nccl wheel torch pulls in, or /usr.
+mode="${HVDSYNC_HOROVOD_GPU:-auto}"
+case "$mode" in
+  auto|cpu|nccl) ;;
+  *) say "error: HVDSYNC_HOROVOD_GPU: '$mode' is not allowed; choose one of: auto, cpu, nccl"; exit 2 ;;
+esac
+gpu="cpu"
+if [ "$mode" != cpu ]; then
+  # What the environment holds, without importing torch (seconds): torch's CUDA version, pip's CUDA toolkit
+  # (the nvidia-cuda-* wheels of CUDA >= 13 share one tree, nvidia/cu<major>), and the NCCL wheel.
+  eval "$("$PY" - <<'EOF'
+import importlib.util, os, re, shlex
+def where(name):
+    spec = importlib.util.find_spec(name)
+    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else ""
+torch_cuda = ""
+if where("torch") and os.path.exists(os.path.join(where("torch"), "version.py")):
+    m = re.search(r"^cuda(?:: [^=]+)? = '([0-9.]+)'", open(os.path.join(where("torch"), "version.py")).read(), re.M)
+    torch_cuda = m.group(1) if m else ""
+nvidia = where("nvidia")
+wheel_cuda = ""
+if nvidia and torch_cuda:
+    tree = os.path.join(nvidia, "cu" + torch_cuda.split(".")[0])
+    wheel_cuda = tree if os.path.exists(os.path.join(tree, "bin", "nvcc")) else ""
+nccl = where("nvidia.nccl") if nvidia else ""
+nccl = nccl if nccl and os.path.exists(os.path.join(nccl, "include", "nccl.h")) else ""
+print(f"torch_cuda={shlex.quote(torch_cuda)} wheel_cuda={shlex.quote(wheel_cuda)} wheel_nccl={shlex.quote(nccl)}")
 EOF
 )"
+  nvcc_bin=""
+  if [ "${HVDSYNC_CUDA_FROM_WHEELS:-0}" != 1 ]; then
+    nvcc_bin="$(command -v nvcc || true)"
+    [ -z "$nvcc_bin" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && nvcc_bin="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
+  fi
+  [ -z "$nvcc_bin" ] && [ -n "$wheel_cuda" ] && nvcc_bin="$wheel_cuda/bin/nvcc"
+  nccl_home="${HOROVOD_NCCL_HOME:-$wheel_nccl}"
   [ -z "$nccl_home" ] && [ -f /usr/include/nccl.h ] && nccl_home=/usr
-fi
-gpu="cpu"
-if [ -n "$nvcc_bin" ] && [ -n "$nccl_home" ]; then
-  cuda_version="$("$nvcc_bin" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-  nccl_version="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' "$nccl_home/include/nccl.h" | paste -sd.)"
-  gpu="cuda${cuda_version}-nccl${nccl_version}-cc${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
+  cuda_version="" cuda_home=""
+  if [ -n "$nvcc_bin" ]; then
+    cuda_version="$("$nvcc_bin" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+    # The toolkit's root as nvcc itself sees it (nvcc on PATH may be a wrapper or a symlink).
+    cuda_home="$(cd "$("$nvcc_bin" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p')" && pwd -P)"
+  fi
+  missing=""
+  if [ -z "$torch_cuda" ]; then
+    missing="the CUDA build of torch (this environment has $("$PY" -c 'from importlib import metadata as m; print("torch " + m.version("torch"))' 2>/dev/null || echo "no torch"); pip install torch from PyPI, not from a CPU index)"
+  elif [ -z "$nvcc_bin" ]; then
+    missing="a CUDA compiler: no nvcc on PATH or in \$CUDA_HOME, and no nvidia-cuda-nvcc wheel for CUDA $torch_cuda in this environment (pip install -r scripts/cuda-build-requirements.txt)"
+  elif [ "${cuda_version%%.*}" != "${torch_cuda%%.*}" ]; then
+    missing="a CUDA compiler for torch's CUDA $torch_cuda: $nvcc_bin is CUDA $cuda_version (set HVDSYNC_CUDA_FROM_WHEELS=1 to use pip's CUDA wheels instead)"
+  elif [ -z "$(ls "$cuda_home"/include/cuda_runtime.h "$cuda_home"/targets/*/include/cuda_runtime.h 2>/dev/null)" ]; then
+    missing="CUDA's runtime headers: no include/cuda_runtime.h beside $nvcc_bin (the nvidia-cuda-runtime wheel, or a CUDA toolkit)"
+  elif [ -z "$nccl_home" ]; then
+    missing="NCCL: no \$HOROVOD_NCCL_HOME, no nvidia-nccl-cu${torch_cuda%%.*} wheel in this environment, no /usr/include/nccl.h"
+  fi
+  if [ -z "$missing" ]; then
+    nccl_version="$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' "$nccl_home/include/nccl.h" | paste -sd.)"
+    gpu="cuda${cuda_version}-nccl${nccl_version}-cc${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
+  elif [ "$mode" = nccl ]; then
+    say "error: HVDSYNC_HOROVOD_GPU=nccl, but this is missing: $missing"; exit 2
+  fi
 fi
 
 # ---- the cache key ----------------------------------------------------------------------------------------------
@@ -108,7 +156,23 @@ if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" = 1 ] || [ -z "$wheel" ]; then
   if [ "$gpu" != cpu ]; then
     say "CUDA and NCCL found ($gpu): building with HOROVOD_GPU_OPERATIONS=NCCL"
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$nccl_home"
-    export HOROVOD_CUDA_HOME="$(dirname "$(dirname "$nvcc_bin")")"
+    if [ ! -d "$cuda_home/lib64" ] && [ -d "$cuda_home/lib" ]; then
+      # pip's CUDA wheels lay the toolkit out with lib/ only and no unversioned library names, but nvcc links from
+      # lib64/ (its nvcc.profile) and CMake's FindCUDAToolkit looks for libcudart.so. A view of the tree made of
+      # links gives both. nvcc takes its root from the path it is called by (bin/..), so bin/ is a real folder.
+      view="$work/cuda"; mkdir -p "$view/lib64" "$view/bin"
+      for entry in "$cuda_home"/*; do
+        case "$(basename "$entry")" in lib|bin) ;; *) ln -s "$entry" "$view/" ;; esac
+      done
+      for file in "$cuda_home"/bin/*; do ln -s "$file" "$view/bin/"; done
+      for lib in "$cuda_home"/lib/*; do ln -s "$lib" "$view/lib64/"; done
+      for lib in "$cuda_home"/lib/lib*.so.*; do
+        name="$(basename "$lib")"; [ -e "$view/lib64/${name%%.so.*}.so" ] || ln -s "$lib" "$view/lib64/${name%%.so.*}.so"
+      done
+      ln -s lib64 "$view/lib"
+      cuda_home="$view"
+    fi
+    export HOROVOD_CUDA_HOME="$cuda_home"
     export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
     # The NCCL wheel ships libnccl.so.2 only; CMake's find_library wants the unversioned name.
     if [ ! -e "$nccl_home/lib/libnccl.so" ] && [ -e "$nccl_home/lib/libnccl.so.2" ]; then
@@ -116,6 +180,13 @@ if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" = 1 ] || [ -z "$wheel" ]; then
       ln -s "$nccl_home/lib/libnccl.so.2" "$shim/lib/libnccl.so"; ln -s "$nccl_home/lib/libnccl.so.2" "$shim/lib/libnccl.so.2"
       export HOROVOD_NCCL_HOME="$shim"
     fi
+    # NCCL from a wheel lives in site-packages, which the loader does not search: without a run path, importing
+    # horovod.tensorflow (nothing has loaded libnccl.so.2 before it, unlike torch) fails. The extensions sit in
+    # site-packages/horovod/<framework>/, so a path relative to them ($ORIGIN) survives moving the environment.
+    site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')"
+    case "$nccl_home" in
+      "$site"/*) export LDFLAGS="${LDFLAGS:+$LDFLAGS }-Wl,-rpath,\$ORIGIN/../../${nccl_home#"$site"/}/lib" ;;
+    esac
   else
     unset HOROVOD_GPU_OPERATIONS
   fi
@@ -123,7 +194,8 @@ if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" = 1 ] || [ -z "$wheel" ]; then
   # CMake (which then silently skips them).
   # The compiler's output goes to a log, shown only if the build fails.
   "$PY" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" >>"$log" 2>&1 \
-    || { tail -n 60 "$log" >&2; say "error: the Horovod build failed (last lines above)"; exit 1; }
+    || { grep -a -A6 -E "CMake Error|error:" "$log" | head -n 60 >&2; tail -n 15 "$log" >&2
+         say "error: the Horovod build failed (its first errors and last lines above)"; exit 1; }
   mkdir -p "$key_dir"
   built="$(ls "$work"/dist/horovod-*.whl)"
   cp "$built" "$key_dir/.tmp-$(basename "$built")"

@@ -1,0 +1,226 @@
+"""Build hvdsync's Docker images: ``make docker-cpu`` / ``make docker-gpu`` (``python3 docker/build.py cpu|gpu``).
+
+What it adds to a plain ``docker build``:
+
+- **A base image without a registry.** The Dockerfiles' default bases are public images (``python:3.11-slim-bookworm``,
+  ``nvidia/cuda:...``). Where they cannot be pulled, it makes a Debian 12 base from Debian's package archive
+  (``docker/make_base.sh``: debootstrap + ``docker import``) and builds on that.
+- **This machine's pip settings, without baking them in.** pip's configuration (``pip config list``: files and
+  ``PIP_*`` variables) enters the build as build arguments of the builder stage (index URLs, find-links) and BuildKit
+  secrets (the CA bundle ``cert`` names, a constraints file), so no layer of the final image holds them. Local
+  find-links folders and ``file://`` indexes are served over HTTP on 127.0.0.1 for the build's duration (the build
+  uses the host network, so it reaches them, and PyPI through the host's route).
+- **The Horovod wheel cache.** ``scripts/build_horovod.sh`` caches wheels under ``~/.cache/hvdsync/horovod`` by a key of
+  what they were built against; that folder goes into the build as a small image (``HOROVOD_CACHE``), so an image
+  whose key matches a wheel built here installs it instead of compiling Horovod again.
+
+Usage::
+
+    python3 docker/build.py cpu                    # -> hvdsync:cpu
+    python3 docker/build.py gpu --tag hvdsync:gpu  # -> hvdsync:gpu (NCCL; needs no GPU to build)
+    DOCKER=/path/to/docker python3 docker/build.py cpu   # a docker client with BuildKit (buildx, or docker <= 22)
+
+It prints the build time and the image size at the end (``docker/README.md`` records the last figures).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import http.server
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_BASE = "hvdsync-base:bookworm"
+DEFAULT_BASES = {"cpu": "python:3.11-slim-bookworm", "gpu": "nvidia/cuda:13.0.1-devel-ubuntu24.04"}
+# pip settings that become build arguments (pip reads PIP_<NAME> from the environment of the builder's RUN steps).
+ARG_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "default-timeout")
+# pip settings that name a local file: BuildKit secrets, mounted only into the RUN steps that call pip.
+SECRET_KEYS = {"cert": "pip_cert", "constraint": "pip_constraint"}
+
+
+class BuildError(SystemExit):
+    def __init__(self, message: str):
+        super().__init__(f"docker/build.py: error: {message}")
+
+
+def say(message: str) -> None:
+    print(f"[docker] {message}", file=sys.stderr, flush=True)
+
+
+def docker_cmd() -> list[str]:
+    """The docker client, checked: an engine answers, and the client can build with BuildKit (secrets, mounts)."""
+    docker = os.environ.get("DOCKER", "docker")
+    if not shutil.which(docker):
+        raise BuildError(f"no docker client ('{docker}' not found): install Docker (Debian: apt-get install docker.io; "
+                         "elsewhere https://docs.docker.com/engine/install/) and start its engine (dockerd)")
+    if subprocess.run([docker, "info"], capture_output=True).returncode != 0:
+        raise BuildError(f"no Docker engine answers ('{docker} info' failed): start it (systemctl start docker, or "
+                         "run dockerd as root; Debian: apt-get install docker.io) and check you may use its socket")
+    if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode != 0:
+        # Without the buildx plugin, clients up to 22.x still build with BuildKit when asked; newer ones refuse.
+        os.environ["DOCKER_BUILDKIT"] = "1"
+        probe = subprocess.run([docker, "build", "--help"], capture_output=True, text=True)
+        if "--secret" not in probe.stdout:
+            raise BuildError(f"'{docker} build' cannot use BuildKit (needed for build secrets): install the buildx "
+                             "plugin (https://docs.docker.com/go/buildx/), or set DOCKER= to a client that has it")
+    return [docker]
+
+
+def image_exists(docker: list[str], image: str) -> bool:
+    return subprocess.run(docker + ["image", "inspect", image], capture_output=True).returncode == 0
+
+
+def resolve_base(docker: list[str], wanted: str | None, variant: str) -> str:
+    """The base image to build on: the one asked for, else the public default if it can be pulled, else a local one."""
+    if wanted:
+        return wanted
+    public = DEFAULT_BASES[variant]
+    if image_exists(docker, public):
+        return public
+    say(f"pulling {public}")
+    if subprocess.run(docker + ["pull", "-q", public], capture_output=True, timeout=1800).returncode == 0:
+        return public
+    say(f"{public} cannot be pulled (no registry reachable): building on {LOCAL_BASE}, made from Debian packages")
+    if not image_exists(docker, LOCAL_BASE):
+        subprocess.run(["bash", str(ROOT / "docker" / "make_base.sh"), LOCAL_BASE], check=True,
+                       env={**os.environ, "DOCKER": docker[0]})
+    return LOCAL_BASE
+
+
+def pip_settings() -> dict[str, str]:
+    """pip's effective global settings: its config files, overridden by PIP_* variables (as pip itself does)."""
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    found: dict[str, str] = {}
+    from_env: set[str] = set()
+    for line in out.splitlines():
+        m = re.fullmatch(r"([^.]*)\.([\w-]+)='(.*)'", line.strip())
+        if not m or m.group(1) not in (":env:", "global", "install"):
+            continue
+        section, key, value = m.groups()
+        if key in from_env:
+            continue
+        found[key] = value
+        if section == ":env:":
+            from_env.add(key)
+    return found
+
+
+class LocalServer:
+    """Serves local folders over HTTP on 127.0.0.1 while the build runs (pip in the build reaches them there)."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="hvdsync-docker-srv-"))
+        handler = functools.partial(_QuietHandler, directory=str(self.root))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.count = 0
+
+    def publish(self, folder: Path) -> str:
+        link = self.root / str(self.count)
+        self.count += 1
+        link.symlink_to(folder.resolve())
+        return f"{self.url}/{link.name}"
+
+    def __enter__(self) -> "LocalServer":
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _as_url(item: str, server: LocalServer, index: bool) -> str:
+    """A pip location usable inside the build: remote URLs as they are; local folders served by ``server``."""
+    path = item[len("file://"):] if item.startswith("file://") else item if item.startswith("/") else None
+    if path is None:
+        return item
+    folder = Path(path)
+    if index:
+        # A file:// "simple" index usually links its files as ../../files/...: serve its parent so they resolve.
+        return f"{server.publish(folder.parent)}/{folder.name}/"
+    return f"{server.publish(folder)}/"
+
+
+def pip_build_options(server: LocalServer) -> list[str]:
+    """docker build options carrying pip's settings: --build-arg for URLs, --secret for local files."""
+    options: list[str] = []
+    for key, value in pip_settings().items():
+        if key in ARG_KEYS:
+            items = [_as_url(v, server, index=key.endswith("index-url")) if key != "default-timeout" and
+                     key != "trusted-host" else v for v in value.split()]
+            options += ["--build-arg", f"PIP_{key.upper().replace('-', '_')}={' '.join(items)}"]
+        elif key in SECRET_KEYS and Path(value).is_file():
+            options += ["--secret", f"id={SECRET_KEYS[key]},src={value}"]
+    return options
+
+
+def horovod_cache_image(docker: list[str]) -> str | None:
+    """Put scripts/build_horovod.sh's wheel cache into a small image the Dockerfiles mount (HOROVOD_CACHE)."""
+    cache = Path(os.environ.get("HVDSYNC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                 / "hvdsync") / "horovod"
+    wheels = sorted(cache.glob("*/horovod-*.whl"))
+    if not wheels:
+        return None
+    tag = "hvdsync-horovod-cache:local"
+    with tempfile.TemporaryDirectory() as ctx:
+        for wheel in wheels:
+            dest = Path(ctx) / "horovod" / wheel.parent.name
+            dest.mkdir(parents=True)
+            shutil.copy2(wheel, dest)
+            if (wheel.parent / "KEY").exists():
+                shutil.copy2(wheel.parent / "KEY", dest)
+        (Path(ctx) / "Dockerfile").write_text("FROM scratch\nCOPY horovod/ /horovod/\n")
+        subprocess.run(docker + ["build", "-q", "-t", tag, ctx], check=True, capture_output=True)
+    say(f"Horovod wheel cache passed in: {len(wheels)} wheel(s) from {cache}")
+    return tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Build hvdsync's Docker images (see docker/README.md).")
+    p.add_argument("variant", choices=["cpu", "gpu"])
+    p.add_argument("--tag", help="image tag (default hvdsync:<variant>)")
+    p.add_argument("--base", help="base image (default: the public one if it can be pulled, else a local Debian base)")
+    p.add_argument("--no-horovod-cache", action="store_true", help="do not pass the local Horovod wheel cache in")
+    p.add_argument("docker_args", nargs="*", help="more `docker build` arguments (after --)")
+    ns = p.parse_args(argv)
+    try:
+        docker = docker_cmd()
+        tag = ns.tag or f"hvdsync:{ns.variant}"
+        options = ["--build-arg", f"BASE_IMAGE={resolve_base(docker, ns.base, ns.variant)}"]
+        cache = None if ns.no_horovod_cache else horovod_cache_image(docker)
+        if cache:
+            options += ["--build-arg", f"HOROVOD_CACHE={cache}"]
+        with LocalServer() as server:
+            options += pip_build_options(server)
+            cmd = docker + ["build", "--network", "host", "-f", f"docker/Dockerfile.{ns.variant}", "-t", tag,
+                            *options, *ns.docker_args, "."]
+            say("$ " + " ".join(shlex.quote(c) for c in cmd))
+            start = time.monotonic()
+            subprocess.run(cmd, cwd=ROOT, check=True)
+            seconds = time.monotonic() - start
+    except subprocess.CalledProcessError as err:
+        raise BuildError(f"{shlex.join(map(str, err.cmd[:3]))} ... failed (exit {err.returncode}); output above")
+    size = int(subprocess.run(docker + ["image", "inspect", "-f", "{{.Size}}", tag], capture_output=True, text=True,
+                              check=True).stdout)
+    say(f"built {tag} in {seconds:.0f}s; image size {size / 1e6:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

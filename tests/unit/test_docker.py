@@ -1,0 +1,173 @@
+"""The Docker images' files, checked without a Docker engine: lint, what enters a build and how, the errors.
+
+Building and running the images is opt-in (tests/docker/, `make docker-test`).
+"""
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DOCKERFILES = [ROOT / "docker" / "Dockerfile.cpu", ROOT / "docker" / "Dockerfile.gpu"]
+# docker/build.py is a script, not a package module: load it by path (the name `build` is a PyPI package's).
+_spec = importlib.util.spec_from_file_location("hvdsync_docker_build", ROOT / "docker" / "build.py")
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+
+
+def _stages(dockerfile: Path) -> list[str]:
+    """The Dockerfile's stages as text, continued lines joined, comments dropped."""
+    lines = [line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return re.split(r"^(?=FROM )", "\n".join(lines).replace("\\\n", " "), flags=re.M)[1:]
+
+
+def test_dockerfiles_pass_hadolint():
+    out = subprocess.run([str(BIN / "hadolint"), "--config", "docker/hadolint.yaml", *map(str, DOCKERFILES)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # Every rule left out is there with its reason (a comment right above it).
+    config = (ROOT / "docker" / "hadolint.yaml").read_text()
+    for rule in re.findall(r"^\s*- (DL\d+|SC\d+)", config, re.M):
+        assert re.search(rf"#[^\n]*{rule}[^\n]*\n(\s*#.*\n)*\s*- {rule}", config), rule
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_base_is_a_build_argument_defaulting_to_a_public_image(dockerfile):
+    text = dockerfile.read_text()
+    head = text.split("\nFROM ", 1)[0]
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)", head, re.M).group(1)
+    assert "/" in base or base.startswith("python:"), base          # a registry image, not a local one
+    assert not base.endswith(":latest") and ":" in base
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)          # the final stage stands on it
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_pip_settings_enter_the_builder_only_and_the_cert_as_a_secret(dockerfile):
+    *builders, final = _stages(dockerfile)
+    builder = next(s for s in builders if " AS builder" in s.split("\n", 1)[0])
+    # pip's URLs are build arguments of the builder stage; no stage bakes them (or a cert) into ENV.
+    assert re.search(r"^ARG PIP_INDEX_URL$", builder, re.M) and re.search(r"^ARG PIP_EXTRA_INDEX_URL", builder, re.M)
+    for stage in builders + [final]:
+        env = " ".join(re.findall(r"^ENV (.*)$", stage, re.M))
+        assert "PIP_CERT" not in env and "INDEX_URL" not in env and "FIND_LINKS" not in env, env
+    assert "ARG PIP_" not in final
+    # Every RUN that calls pip (directly or through install.sh) mounts the cert secret and points PIP_CERT at it.
+    pip_runs = [r for r in re.findall(r"^RUN (.*)$", builder, re.M) if "pip " in r or "install.sh" in r]
+    assert len(pip_runs) >= 2
+    for run in pip_runs:
+        assert "--mount=type=secret,id=pip_cert" in run and "PIP_CERT=/run/secrets/pip_cert" in run, run
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_final_stage_has_no_compiler_and_no_source_tree(dockerfile):
+    final = _stages(dockerfile)[-1]
+    assert not re.search(r"build-essential|g\+\+|gcc|python3-dev|\bmake\b", final), final
+    copies = re.findall(r"^COPY (.*)$", final, re.M)
+    assert any("--from=builder /opt/venv /opt/venv" in c for c in copies)
+    assert not any(re.search(r"(^| )\. ", c) or "scripts" in c for c in copies), copies   # no `COPY . .`
+    assert re.search(r"^USER \d+$", final, re.M)                       # not root
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_horovod_cache_is_mounted_not_copied(dockerfile):
+    text = dockerfile.read_text()
+    assert re.search(r"^ARG HOROVOD_CACHE=scratch$", text, re.M)
+    assert re.search(r"^FROM \$\{HOROVOD_CACHE\} AS horovod-cache$", text, re.M)
+    assert "--mount=type=bind,from=horovod-cache,target=/root/.cache/hvdsync,rw" in text
+
+
+def test_build_options_carry_this_machines_pip_settings_as_args_and_secrets(tmp_path, monkeypatch):
+    # A pip configuration like a machine with a local wheel folder, a file:// index, a CA bundle and constraints.
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "demo-1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    index = tmp_path / "mirror" / "simple"
+    (index / "demo").mkdir(parents=True)
+    (index / "demo" / "index.html").write_text('<a href="../../files/demo-1.0.tar.gz">demo</a>')
+    cert, constraint = tmp_path / "ca.pem", tmp_path / "constraints.txt"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    constraint.write_text("torch<=2.14.1\n")
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nfind-links = {wheels}\nextra-index-url = https://example.org/simple file://{index}\n"
+                    f"constraint = {constraint}\ndefault-timeout = 99\n")
+    for var in [v for v in os.environ if v.startswith("PIP_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("PIP_CERT", str(cert))                   # a PIP_* variable, as on this machine
+    with build.LocalServer() as server:
+        options = build.pip_build_options(server)
+        args = dict(o.split("=", 1) for o in options[1::2] if not o.startswith("id="))
+        secrets = [o for o in options[1::2] if o.startswith("id=")]
+        # Local folders are served on 127.0.0.1; remote URLs pass unchanged; files become secrets.
+        find_links = args["PIP_FIND_LINKS"]
+        assert find_links.startswith(server.url) and str(tmp_path) not in find_links
+        listing = urllib.request.urlopen(find_links, timeout=10).read().decode()
+        assert "demo-1.0-py3-none-any.whl" in listing
+        remote, local = args["PIP_EXTRA_INDEX_URL"].split()
+        assert remote == "https://example.org/simple" and local.startswith(server.url)
+        page = urllib.request.urlopen(local + "demo/", timeout=10).read().decode()
+        assert "../../files/demo-1.0.tar.gz" in page                # and its relative links still resolve
+        assert args["PIP_DEFAULT_TIMEOUT"] == "99"
+        assert sorted(secrets) == [f"id=pip_cert,src={cert}", f"id=pip_constraint,src={constraint}"]
+        assert not any("cert" in o or "constraint" in o for o in options[1::2] if not o.startswith("id="))
+
+
+def _run_build(env_extra):
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, "docker/build.py", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_without_docker_the_build_says_how_to_get_it_in_one_line():
+    out = _run_build({"DOCKER": "no-such-docker-client"})
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "no docker client" in out.stderr and "apt-get install docker.io" in out.stderr
+    # A client whose engine does not answer (`false info` fails, as `docker info` does with no dockerd).
+    out = _run_build({"DOCKER": "false"})
+    assert out.stderr.count("\n") == 1 and "no Docker engine answers" in out.stderr and "dockerd" in out.stderr
+
+
+def _gpu_build(tmp_path, **env):
+    full = {**os.environ, "PYTHON": sys.executable, "HVDSYNC_HOROVOD_GPU": "nccl", "HVDSYNC_CACHE": str(tmp_path),
+            **env}
+    return subprocess.run(["bash", "scripts/build_horovod.sh"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=full)
+
+
+def test_nccl_build_names_the_missing_piece(tmp_path):
+    # This environment's torch is the CPU build: nothing is built, and the message says so.
+    out = _gpu_build(tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "missing: the CUDA build of torch" in out.stderr and "+cpu" in out.stderr
+    # A CUDA torch (its version file says so) with neither nvcc nor pip's CUDA compiler wheel: nvcc is named.
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "version.py").write_text("cuda: Optional[str] = '13.0'\n")
+    out = _gpu_build(tmp_path, PYTHONPATH=str(tmp_path / "site"), HVDSYNC_CUDA_FROM_WHEELS="1")
+    assert out.returncode == 2
+    assert "missing: a CUDA compiler" in out.stderr and "cuda-build-requirements.txt" in out.stderr, out.stderr
+    assert not list(tmp_path.glob("horovod/*"))                 # nothing was built or cached
+    # A mode that does not exist.
+    out = _gpu_build(tmp_path, HVDSYNC_HOROVOD_GPU="rocm")
+    assert out.returncode == 2 and "HVDSYNC_HOROVOD_GPU: 'rocm' is not allowed; choose one of: auto, cpu, nccl" \
+        in out.stderr
+
+
+def test_cpu_build_stays_cpu_next_to_a_cuda_compiler():
+    # A CUDA compiler on PATH does not turn a CPU-torch environment into an NCCL build: auto mode also wants torch's
+    # CUDA build (a Horovod built for CUDA next to CPU torch is of no use).
+    if not shutil.which("nvcc"):
+        pytest.skip("no nvcc on PATH: nothing to be tempted by")
+    env = {**os.environ, "PYTHON": sys.executable}
+    key = subprocess.run(["bash", "scripts/build_horovod.sh", "--print-key"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=env, check=True).stdout.split("\n")[0]
+    assert "-cpu-" in key and "nccl" not in key
