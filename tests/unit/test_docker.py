@@ -80,7 +80,10 @@ def test_horovod_cache_is_mounted_not_copied(dockerfile):
     text = dockerfile.read_text()
     assert re.search(r"^ARG HOROVOD_CACHE=scratch$", text, re.M)
     assert re.search(r"^FROM \$\{HOROVOD_CACHE\} AS horovod-cache$", text, re.M)
-    assert "--mount=type=bind,from=horovod-cache,target=/root/.cache/hvdsync,rw" in text
+    # Mounted where scripts/build_horovod.sh looks by default (~/.cache/hvdsync of the build's root user), writable
+    # for the build step only: the wheels never land in a layer.
+    target = re.search(r"--mount=type=bind,from=horovod-cache,target=(\S+),rw", text).group(1)
+    assert target.endswith("/.cache/hvdsync") and target.split("/")[1] == "root"
 
 
 def test_build_options_carry_this_machines_pip_settings_as_args_and_secrets(tmp_path, monkeypatch):
