@@ -5,7 +5,7 @@ before any Horovod worker starts, with an error that names the field and what is
 
     >>> Config.from_dict({"sync": {"compression": "fp8"}})
     Traceback (most recent call last):
-    ConfigError: sync.compression: 'fp8' is not allowed; choose one of: none, fp16
+    ConfigError: sync.compression: 'fp8' is not allowed; choose one of: none, fp16, bf16, topk:<ratio>, randk:<ratio>, int8, powersgd:<rank>
 
 A config comes from defaults, then a YAML file, then ``section.field=value`` overrides (the CLI's ``--set``).
 """
@@ -19,13 +19,14 @@ from typing import Any, Mapping
 
 import yaml
 
-from hvdsync.core.codecs import CODECS
+from hvdsync.core.codecs import get_codec
 
 FRAMEWORKS = ("torch", "tensorflow")
 REDUCE_OPS = ("average", "sum", "adasum")
 DATASETS = ("digits", "synthetic")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCALING = ("none", "linear")
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 class ConfigError(ValueError):
@@ -67,7 +68,11 @@ class SyncConfig:
     """How gradients are synchronised.
 
     Args:
-        compression: codec for gradients on the wire (``none``, ``fp16``; see :mod:`hvdsync.core.codecs`).
+        compression: codec for gradients on the wire, ``name`` or ``name:param``: ``none``, ``fp16``, ``bf16``,
+            ``topk:<ratio>``, ``randk:<ratio>`` (ratio in (0, 1]), ``int8``, ``powersgd:<rank>`` (see
+            :mod:`hvdsync.core.codecs`).
+        error_feedback: codecs that drop information (top-k, rand-k, int8, PowerSGD) keep what they did not send
+            and add it to the next gradient; ``false`` drops it (to see what error feedback buys).
         accumulate: backward passes per optimizer step; gradients are all-reduced once per ``accumulate`` passes.
         op: how Horovod combines gradients: ``average`` (default), ``sum`` or ``adasum``.
         fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
@@ -76,6 +81,7 @@ class SyncConfig:
     """
 
     compression: str = "none"
+    error_feedback: bool = True
     accumulate: int = 1
     op: str = "average"
     # Measured with benchmarks/knobs.py on 2 local Gloo workers (benchmarks/README.md, "Choosing the defaults"):
@@ -88,9 +94,16 @@ class SyncConfig:
     cache_capacity: int = 1024
 
     def __post_init__(self) -> None:
-        _choice("sync.compression", self.compression, tuple(CODECS))
+        try:
+            codec = get_codec(self.compression)
+        except ValueError as exc:
+            raise ConfigError(f"sync.compression: {exc}") from None
+        _bool("sync.error_feedback", self.error_feedback)
         _int("sync.accumulate", self.accumulate, 1)
         _choice("sync.op", self.op, REDUCE_OPS)
+        if self.op == "adasum" and not codec.cast:
+            # Adasum combines whole gradients pairwise; sparse or low-rank pieces have no Adasum.
+            _fail("sync.compression", self.compression, "with sync.op adasum choose one of: none, fp16, bf16")
         _number("sync.fusion_threshold_mb", self.fusion_threshold_mb, 0.0)
         _number("sync.cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
         _int("sync.cache_capacity", self.cache_capacity, 0)
@@ -149,6 +162,8 @@ class TrainConfig:
         hidden: width of the MLP's hidden layer.
         seed: the one global seed; per-rank seeds are derived from it.
         deterministic: ask the framework for deterministic kernels (slower; bit-reproducible runs).
+        precision: ``fp32``; ``fp16`` (autocast / Keras ``mixed_float16`` with dynamic loss scaling; a step whose
+            gradients overflow on any rank is skipped on every rank) or ``bf16`` (float32's range: no loss scale).
     """
 
     framework: str = "torch"
@@ -161,9 +176,11 @@ class TrainConfig:
     hidden: int = 64
     seed: int = 0
     deterministic: bool = False
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         _choice("train.framework", self.framework, FRAMEWORKS)
+        _choice("train.precision", self.precision, PRECISIONS)
         _int("train.np", self.np, 1, 64)
         _int("train.epochs", self.epochs, 1)
         _number("train.lr", self.lr, 0.0, low_open=True)

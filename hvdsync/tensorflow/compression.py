@@ -1,7 +1,13 @@
-"""Horovod compressor for TensorFlow built from a core codec (:mod:`hvdsync.core.codecs`).
+"""Gradient codecs in TensorFlow: the kernels (:class:`TFOps`) and the reducers the optimizer calls.
 
-``hvd.grouped_allreduce`` calls ``compress`` on every gradient right before the all-reduce and ``decompress`` on the
-result, so what ``compress`` returns is exactly what travels. The :class:`~hvdsync.core.codecs.WireCounter` records it.
+The maths of every codec is in :mod:`hvdsync.core.codecs`; here are only TensorFlow kernels and Horovod calls,
+mirroring ``hvdsync/torch/compression.py``. Both reducers work eagerly and inside ``tf.function``:
+
+* :class:`CastReducer` (``none``, ``fp16``, ``bf16``): one ``hvd.grouped_allreduce`` with :class:`CodecCompressor`
+  as Horovod's ``compression=`` hook, which runs the core codec's ``encode``/``decode`` on TensorFlow tensors.
+* :class:`CodecReducer` (top-k, rand-k, int8, PowerSGD): the core's driver runs the codec; each round's requests
+  become one grouped all-reduce and a batch of allgathers. The codec state lives in ``tf.Variable`` slots, created
+  eagerly here (a ``tf.function`` may only create variables on its first trace) and carried between graph runs.
 
 Inside a ``tf.function`` Python code runs once, when the function is traced, not at every call: a plain
 ``counter.record(...)`` would count one round however many steps ran. So the record is a ``tf.py_function``, an op
@@ -9,31 +15,187 @@ of the graph that runs each time the graph does (and only on the branch of a ``t
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
-from hvdsync.core.codecs import Codec, WireCounter, get_codec
+from hvdsync.core.runtime import REDUCE_OP_NAMES
+from hvdsync.core.codecs import Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, reduce_all
 
 
-def record_on_wire(counter: WireCounter, tensor: tf.Tensor) -> None:
+def record_on_wire(counter: WireCounter, tensor: tf.Tensor, gradients: int = 1) -> None:
     """Count ``tensor`` in ``counter`` each time it is handed over (eagerly, or at every run of a graph)."""
     itemsize, dtype_name = tensor.dtype.size, tensor.dtype.name
     # No outputs, yet tf.function still runs it: py_function is stateful, and tf.function keeps every stateful op,
     # in program order (automatic control dependencies). In eager mode it simply runs now.
-    tf.py_function(lambda n: counter.record(int(n), itemsize, dtype_name) or [],
+    tf.py_function(lambda n: counter.record(int(n), itemsize, dtype_name, gradients) or [],
                    [tf.size(tensor, out_type=tf.int64)], [])
 
 
+class TFOps:
+    """:class:`hvdsync.core.codecs.Ops` on TensorFlow tensors; slots are ``tf.Variable``s."""
+
+    def dtype_name(self, x):
+        return x.dtype.name
+
+    def shape(self, x):
+        return tuple(int(d) for d in x.shape)
+
+    def cast(self, x, dtype):
+        return tf.cast(x, dtype)
+
+    def reshape(self, x, shape):
+        return tf.reshape(x, tuple(shape))
+
+    def abs(self, x):
+        return tf.abs(x)
+
+    def floor(self, x):
+        return tf.floor(x)
+
+    def max(self, x):
+        return tf.reshape(tf.reduce_max(x), [1])
+
+    def maximum(self, x, floor):
+        return tf.maximum(x, floor)
+
+    def clip(self, x, low, high):
+        return tf.clip_by_value(x, low, high)
+
+    def sqrt(self, x):
+        return tf.sqrt(x)
+
+    def sum(self, x, axis=None):
+        return tf.reduce_sum(x, axis=axis)
+
+    def matmul(self, a, b):
+        return tf.matmul(a, b)
+
+    def transpose(self, a):
+        return tf.transpose(a)
+
+    def concat(self, xs, axis):
+        return tf.concat(list(xs), axis=axis)
+
+    def topk_indices(self, x, k):
+        return tf.math.top_k(x, k).indices
+
+    def take(self, x, idx):
+        return tf.gather(x, idx)
+
+    def scatter_add(self, n, idx, values):
+        return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), tf.reshape(idx, (-1, 1)), values)
+
+    def uniform(self, n, seed, step):
+        pair = tf.stack([tf.constant(seed, tf.int64), tf.cast(step, tf.int64)])
+        return tf.random.stateless_uniform([n], seed=pair, dtype=tf.float32)
+
+    def all_finite(self, xs):
+        return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(x)) for x in xs]))
+
+    def slot(self, value):
+        return tf.Variable(value, trainable=False, name="hvdsync_codec_state")
+
+    def read(self, slot):
+        return slot.read_value()
+
+    def assign(self, slot, value):
+        slot.assign(tf.cast(value, slot.dtype) if isinstance(value, tf.Tensor) else np.asarray(value))
+
+    def to_numpy(self, x):
+        return np.asarray(x.numpy())
+
+    def from_numpy(self, a):
+        return tf.convert_to_tensor(a)
+
+
 class CodecCompressor:
-    """Casts floating-point gradients to the codec's wire dtype and back; counts what it hands over."""
+    """Horovod ``compression=`` hook for cast codecs: the core codec's ``encode``/``decode`` on TensorFlow tensors;
+    every tensor handed over is counted."""
 
     def __init__(self, codec: Codec | str, counter: WireCounter | None = None) -> None:
         self.codec = get_codec(codec) if isinstance(codec, str) else codec
         self.counter = counter if counter is not None else WireCounter()
+        self.ops = TFOps()
 
     def compress(self, tensor: tf.Tensor):
-        wire = tf.cast(tensor, self.codec.wire_dtype) if self.codec.applies_to(tensor.dtype.name) else tensor
+        wire = self.codec.encode(self.ops, tensor)
         record_on_wire(self.counter, wire)
-        return wire, tensor.dtype
+        return wire, tensor.dtype.name
 
-    def decompress(self, tensor: tf.Tensor, ctx: tf.DType) -> tf.Tensor:
-        return tensor if tensor.dtype == ctx else tf.cast(tensor, ctx)
+    def decompress(self, tensor: tf.Tensor, ctx: str) -> tf.Tensor:
+        return self.codec.decode(self.ops, tensor, ctx)
+
+
+class CastReducer:
+    """All-reduces gradients in one ``hvd.grouped_allreduce`` through a cast codec's compressor."""
+
+    state = None  # cast codecs keep no state
+
+    def __init__(self, codec: Codec | str, sync, counter: WireCounter | None = None) -> None:
+        self.compression = CodecCompressor(codec, counter)
+        self.counter = self.compression.counter
+        self.op = getattr(hvd, REDUCE_OP_NAMES[sync.op])
+
+    def reduce(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        return hvd.grouped_allreduce(list(grads), op=self.op, compression=self.compression)
+
+
+class CodecReducer:
+    """Combines gradients across ranks with a reducing codec; holds the codec's per-parameter state.
+
+    Args:
+        codec: a reducing codec or its config name (``"topk:0.01"``).
+        shapes: the shapes of the gradients :meth:`reduce` will get, in order (the same on every rank).
+        sync: a :class:`~hvdsync.config.SyncConfig` (op, error feedback).
+        counter: records every tensor handed to Horovod (values and indices, scales, factors).
+        seed: the global seed (rand-k positions and PowerSGD's first Q are drawn from it, alike on every rank).
+
+    ``state.state_dict()`` / ``state.load_state_dict()`` save and restore residuals, step counters and Q.
+    """
+
+    def __init__(self, codec: Codec | str, shapes: Sequence[tuple[int, ...]], sync, counter: WireCounter | None = None,
+                 seed: int = 0) -> None:
+        self.codec = get_codec(codec) if isinstance(codec, str) else codec
+        self.ops = TFOps()
+        self.counter = counter if counter is not None else WireCounter()
+        self.state = CodecState(self.codec, shapes, self.ops, seed)
+        self.op = hvd.Average if sync.op == "average" else hvd.Sum
+        self.ctx = ReduceContext(hvd.size(), sync.op == "average", sync.error_feedback, seed, hvd.rank())
+        self._round = 0
+
+    def reduce(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The combined gradients, identical on every rank. Every rank must call it, with the same shapes."""
+        self._round = 0
+        out = reduce_all(self.codec, self.ops, [tf.convert_to_tensor(g) for g in grads], self.state, self.ctx,
+                         self._execute)
+        n = len(grads)
+        tf.py_function(lambda: self.counter.add_gradients(n) or [], [], [])  # runs at every graph run (see above)
+        return out
+
+    def _execute(self, requests: list) -> list[tf.Tensor]:
+        name = f"hvdsync_codec_{self._round}"
+        self._round += 1
+        for r in requests:
+            record_on_wire(self.counter, r.tensor, gradients=0)
+        results: list = [None] * len(requests)
+        reduce_at = [i for i, r in enumerate(requests) if isinstance(r, Allreduce)]
+        if reduce_at:
+            reduced = hvd.grouped_allreduce([requests[i].tensor for i in reduce_at], op=self.op)
+            for i, t in zip(reduce_at, reduced):
+                results[i] = t
+        for i, r in enumerate(requests):
+            if not isinstance(r, Allreduce):
+                results[i] = hvd.allgather(r.tensor, name=f"{name}_{i}")
+        return results
+
+
+def make_reducer(sync, shapes: Sequence[tuple[int, ...]], counter: WireCounter | None = None, seed: int = 0):
+    """The reducer ``sync.compression`` asks for: a :class:`CastReducer` or a :class:`CodecReducer`; both have
+    ``reduce(grads)``, ``counter`` and ``state`` (``None`` or a :class:`~hvdsync.core.codecs.CodecState`)."""
+    codec = get_codec(sync.compression)
+    if codec.cast:
+        return CastReducer(codec, sync, counter)
+    return CodecReducer(codec, shapes, sync, counter, seed)

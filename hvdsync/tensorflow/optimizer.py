@@ -13,13 +13,13 @@ import keras
 import tensorflow as tf
 
 from hvdsync.core.codecs import WireCounter
-from hvdsync.core.runtime import REDUCE_OP_NAMES
-from hvdsync.tensorflow.compression import CodecCompressor
+from hvdsync.tensorflow.compression import make_reducer
 
 
-def allreduce_gradients(grads: Sequence[tf.Tensor], compression: CodecCompressor, op) -> list[tf.Tensor]:
-    """One grouped all-reduce of ``grads`` (one Horovod request, fused into as few transfers as the buffer allows)."""
-    return hvd.grouped_allreduce(list(grads), op=op, compression=compression)
+def allreduce_gradients(grads: Sequence[tf.Tensor], reducer) -> list[tf.Tensor]:
+    """Combine ``grads`` across ranks with ``reducer`` (:func:`hvdsync.tensorflow.compression.make_reducer`):
+    one grouped all-reduce for cast codecs, the codec's rounds of collectives for the others."""
+    return reducer.reduce(list(grads))
 
 
 class DistributedOptimizer:
@@ -37,12 +37,12 @@ class DistributedOptimizer:
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, variables: Iterable, sync,
-                 counter: WireCounter | None = None) -> None:
+                 counter: WireCounter | None = None, seed: int = 0) -> None:
         self.optimizer = optimizer
         self.variables = list(variables)
         self.accumulate_steps = sync.accumulate
-        self.op = getattr(hvd, REDUCE_OP_NAMES[sync.op])
-        self.compression = CodecCompressor(sync.compression, counter)
+        # ---- gradient codec (hvdsync.tensorflow.compression): its state (residuals, ...) is made here, eagerly.
+        self.reducer = make_reducer(sync, [tuple(v.shape) for v in self.variables], counter, seed)
         if not optimizer.built:
             # Keras 3 creates slot variables (momentum, Adam moments) lazily; build them now, so that they exist
             # when rank 0's state is broadcast and are not created later inside a tf.function.
@@ -55,7 +55,7 @@ class DistributedOptimizer:
 
     @property
     def counter(self) -> WireCounter:
-        return self.compression.counter
+        return self.reducer.counter
 
     def accumulate(self, grads: Sequence[tf.Tensor | None]) -> None:
         """Add one backward pass's gradients (``None``, for a variable the loss does not touch, counts as zero:
@@ -67,7 +67,7 @@ class DistributedOptimizer:
 
     def synchronize(self) -> None:
         """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
-        reduced = allreduce_gradients([s.read_value() for s in self._sums], self.compression, self.op)
+        reduced = allreduce_gradients([s.read_value() for s in self._sums], self.reducer)
         for total, r in zip(self._sums, reduced):
             total.assign(r)
 
@@ -92,7 +92,7 @@ class DistributedOptimizer:
 
 
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model, sync,
-                          counter: WireCounter | None = None) -> DistributedOptimizer:
+                          counter: WireCounter | None = None, seed: int = 0) -> DistributedOptimizer:
     """Wrap ``optimizer`` so that ``model``'s gradients are all-reduced by Horovod.
 
     Args:
@@ -101,12 +101,13 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         sync: a :class:`~hvdsync.config.SyncConfig`: ``compression``, ``accumulate`` (backward passes per
             all-reduce and update) and the reduce ``op``.
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
+        seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
     Example:
         >>> opt = distributed_optimizer(keras.optimizers.SGD(0.1), model, cfg.sync)  # doctest: +SKIP
         >>> broadcast_state(model, opt)                                             # doctest: +SKIP
     """
-    return DistributedOptimizer(optimizer, model.trainable_variables, sync, counter)
+    return DistributedOptimizer(optimizer, model.trainable_variables, sync, counter, seed)
 
 
 def broadcast_state(model: keras.Model, optimizer=None, root_rank: int = 0) -> None:

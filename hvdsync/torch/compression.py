@@ -1,35 +1,274 @@
-"""Horovod compressor for PyTorch built from a core codec (:mod:`hvdsync.core.codecs`).
+"""Gradient codecs in PyTorch: the kernels (:class:`TorchOps`) and the two ways gradients travel.
 
-Horovod calls ``compress`` on every gradient right before handing it to the all-reduce and ``decompress`` on the
-result, so what ``compress`` returns is exactly what travels; the :class:`~hvdsync.core.codecs.WireCounter` records
-it (bytes and dtype), which is how the tests show that fp16 gradients really are fp16 on the wire.
+The maths of every codec is in :mod:`hvdsync.core.codecs`; here are only torch kernels and Horovod calls.
+
+* Cast codecs (``none``, ``fp16``, ``bf16``) keep the gradient's shape: :class:`CodecCompressor` is Horovod's
+  ``compression=`` hook, so ``hvd.DistributedOptimizer`` keeps all-reducing asynchronously from the backward hooks.
+  Horovod calls ``compress`` right before the all-reduce, so what it returns is exactly what travels; the
+  :class:`~hvdsync.core.codecs.WireCounter` records it.
+* The other codecs (top-k, rand-k, int8, PowerSGD) send other shapes (values and indices, factors), which
+  Horovod's hook cannot do. :class:`CodecOptimizer` reduces after the backward pass, in ``synchronize()``, through
+  :class:`CodecReducer`: the core's driver runs the codec, and each round's requests become one grouped all-reduce
+  and a batch of allgathers.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterable, Sequence
+
+import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import Codec, WireCounter, get_codec
+from hvdsync.core.codecs import (Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, mix_seed,
+                                 reduce_all)
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+           "int8": torch.int8, "int32": torch.int32, "int64": torch.int64}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+class TorchOps:
+    """:class:`hvdsync.core.codecs.Ops` on torch tensors; slots are tensors on ``device``, updated in place."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def dtype_name(self, x):
+        return _dtype_name(x.dtype)
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def cast(self, x, dtype):
+        return x.to(_DTYPES[dtype])
+
+    def reshape(self, x, shape):
+        return x.reshape(tuple(shape))
+
+    def abs(self, x):
+        return x.abs()
+
+    def floor(self, x):
+        return torch.floor(x)
+
+    def max(self, x):
+        return x.max().reshape(1)
+
+    def maximum(self, x, floor):
+        return torch.clamp_min(x, floor)
+
+    def clip(self, x, low, high):
+        return torch.clamp(x, low, high)
+
+    def sqrt(self, x):
+        return torch.sqrt(x)
+
+    def sum(self, x, axis=None):
+        return x.sum() if axis is None else x.sum(dim=axis)
+
+    def matmul(self, a, b):
+        return a @ b
+
+    def transpose(self, a):
+        return a.t()
+
+    def concat(self, xs, axis):
+        return torch.cat(list(xs), dim=axis)
+
+    def topk_indices(self, x, k):
+        return torch.topk(x, k).indices.to(torch.int32)
+
+    def take(self, x, idx):
+        return x[idx.long()]
+
+    def scatter_add(self, n, idx, values):
+        return torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, idx.long(), values)
+
+    def uniform(self, n, seed, step):
+        generator = torch.Generator().manual_seed(mix_seed(seed, int(step)))
+        return torch.rand(n, generator=generator).to(self.device)
+
+    def all_finite(self, xs):
+        return torch.stack([torch.isfinite(x).all() for x in xs]).all()
+
+    def slot(self, value):
+        return torch.from_numpy(value.copy()).to(self.device)
+
+    def read(self, slot):
+        return slot
+
+    def assign(self, slot, value):
+        slot.copy_(torch.as_tensor(value))
+
+    def to_numpy(self, x):
+        return x.detach().cpu().numpy()
+
+    def from_numpy(self, a):
+        return torch.from_numpy(a).to(self.device)
+
+
 class CodecCompressor:
-    """Casts floating-point gradients to the codec's wire dtype and back; counts what it hands over."""
+    """Horovod ``compression=`` hook for cast codecs: ``compress`` runs the core codec's ``encode`` on torch
+    tensors, ``decompress`` its ``decode``; every tensor handed over is counted."""
 
     def __init__(self, codec: Codec | str, counter: WireCounter | None = None) -> None:
         self.codec = get_codec(codec) if isinstance(codec, str) else codec
+        if not self.codec.cast:
+            raise ValueError(f"compression: {self.codec.spec!r} is not allowed through Horovod's compression hook "
+                             "(it changes the shape); use CodecOptimizer")
         self.counter = counter if counter is not None else WireCounter()
+        self.ops = TorchOps()
 
     def compress(self, tensor: torch.Tensor):
-        ctx = tensor.dtype
-        if self.codec.applies_to(_dtype_name(tensor.dtype)):
-            tensor = tensor.to(_DTYPES[self.codec.wire_dtype])
-        self.counter.record(tensor.numel(), tensor.element_size(), _dtype_name(tensor.dtype))
-        return tensor, ctx
+        ctx = _dtype_name(tensor.dtype)
+        wire = self.codec.encode(self.ops, tensor)
+        self.counter.record(wire.numel(), wire.element_size(), _dtype_name(wire.dtype))
+        return wire, ctx
 
-    def decompress(self, tensor: torch.Tensor, ctx):
-        return tensor if tensor.dtype == ctx else tensor.to(ctx)
+    def decompress(self, tensor: torch.Tensor, ctx: str):
+        return self.codec.decode(self.ops, tensor, ctx)
+
+
+class CodecReducer:
+    """Combines gradients across ranks with a reducing codec; holds the codec's per-parameter state.
+
+    Args:
+        codec: a reducing codec or its config name (``"topk:0.01"``).
+        shapes: the shapes of the gradients :meth:`reduce` will get, in order (the same on every rank).
+        sync: a :class:`~hvdsync.config.SyncConfig` (op, error feedback).
+        counter: records every tensor handed to Horovod (values and indices, scales, factors).
+        seed: the global seed (rand-k positions and PowerSGD's first Q are drawn from it, alike on every rank).
+
+    ``state.state_dict()`` / ``state.load_state_dict()`` save and restore residuals, step counters and Q.
+    """
+
+    def __init__(self, codec: Codec | str, shapes: Sequence[tuple[int, ...]], sync, counter: WireCounter | None = None,
+                 seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.codec = get_codec(codec) if isinstance(codec, str) else codec
+        self.ops = TorchOps(device)
+        self.counter = counter if counter is not None else WireCounter()
+        self.state = CodecState(self.codec, shapes, self.ops, seed)
+        self.op = hvd.Average if sync.op == "average" else hvd.Sum
+        self.ctx = ReduceContext(hvd.size(), sync.op == "average", sync.error_feedback, seed, hvd.rank())
+        self._round = 0
+
+    def reduce(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The combined gradients, identical on every rank. Every rank must call it, with the same shapes."""
+        self._round = 0
+        out = reduce_all(self.codec, self.ops, list(grads), self.state, self.ctx, self._execute)
+        self.counter.add_gradients(len(grads))
+        return out
+
+    def _execute(self, requests: list) -> list[torch.Tensor]:
+        name = f"hvdsync.codec.{self._round}"
+        self._round += 1
+        for r in requests:
+            self.counter.record(r.tensor.numel(), r.tensor.element_size(), _dtype_name(r.tensor.dtype), gradients=0)
+        reduce_at = [i for i, r in enumerate(requests) if isinstance(r, Allreduce)]
+        results: list = [None] * len(requests)
+        handles = []
+        if reduce_at:
+            # One grouped request: Horovod fuses the round's all-reduces into as few transfers as the buffer allows.
+            handles.append((reduce_at, hvd.grouped_allreduce_async([requests[i].tensor.contiguous() for i in reduce_at],
+                                                                   name=name, op=self.op)))
+        for i, r in enumerate(requests):
+            if not isinstance(r, Allreduce):
+                handles.append(([i], hvd.allgather_async(r.tensor.contiguous(), name=f"{name}.{i}")))
+        for at, handle in handles:
+            done = hvd.synchronize(handle)
+            for i, t in zip(at, done if isinstance(done, (list, tuple)) else [done]):
+                results[i] = t
+        return results
+
+
+class CodecOptimizer:
+    """A distributed optimizer for the reducing codecs, with ``hvd.DistributedOptimizer``'s calling convention.
+
+    Gradients add up in ``.grad`` over the backward passes of a step; ``synchronize()`` combines them across ranks
+    with the codec; ``step()`` synchronizes (unless inside ``skip_synchronize()``) and steps the local optimizer.
+    Everything else (``param_groups``, ``zero_grad``, ``add_param_group``) is the local optimizer's.
+    ``state_dict()`` holds the local optimizer's state and, under ``"hvdsync_codec"``, the codec's.
+
+    Example:
+        >>> opt = CodecOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+        ...                      Config.from_dict({"sync": {"compression": "topk:0.01"}}).sync)  # doctest: +SKIP
+        >>> loss.backward(); opt.step(); opt.zero_grad()                                         # doctest: +SKIP
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Iterable, sync,
+                 counter: WireCounter | None = None, seed: int = 0) -> None:
+        self.optimizer = optimizer
+        # Sorted by name: every rank lists the same parameters in the same order, whatever order the user passed.
+        self.parameters = [p for _, p in sorted(named_parameters, key=lambda kv: kv[0]) if p.requires_grad]
+        device = self.parameters[0].device if self.parameters else "cpu"
+        self.reducer = CodecReducer(sync.compression, [tuple(p.shape) for p in self.parameters], sync, counter, seed,
+                                    device)
+        self.counter = self.reducer.counter
+        # Set by hvdsync.torch.precision.MixedPrecision under fp16: a callable returning the current loss scale.
+        self.loss_scale = None
+        self._skip = False
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["optimizer"], name)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @torch.no_grad()
+    def synchronize(self) -> None:
+        """Combine every parameter's ``.grad`` across ranks (a parameter without one contributes zeros: every rank
+        must hand over the same list)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        scale = float(self.loss_scale()) if self.loss_scale is not None else None
+        if scale is not None:
+            # Under loss scaling a step may overflow. Then the codec must not run (its residuals and Q would take
+            # the inf for good): every rank learns whether any rank overflowed and all leave the gradients as they
+            # are; the all-reduced decision in MixedPrecision then skips the step everywhere.
+            local = torch.tensor([0.0 if all(bool(torch.isfinite(g).all()) for g in grads) else 1.0])
+            if hvd.allreduce(local, op=hvd.Max, name="hvdsync.codec.overflow").item() > 0:
+                return
+            # The codec works on the real gradient, so residuals keep their meaning when the scale changes.
+            grads = [g / scale for g in grads]
+        reduced = self.reducer.reduce(grads)
+        if scale is not None:
+            reduced = [g * scale for g in reduced]
+        for p, g in zip(self.parameters, reduced):
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.copy_(g)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside, ``step()`` does not synchronize (it was done explicitly)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def step(self, closure=None):
+        if not self._skip:
+            self.synchronize()
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {**self.optimizer.state_dict(), "hvdsync_codec": self.reducer.state.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        codec = state.pop("hvdsync_codec", None)
+        self.optimizer.load_state_dict(state)
+        if codec is not None:
+            self.reducer.state.load_state_dict(codec)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import WireCounter
+from hvdsync.core.codecs import WireCounter, get_codec
 from hvdsync.core.runtime import REDUCE_OP_NAMES
-from hvdsync.torch.compression import CodecCompressor
+from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, sync,
-                          counter: WireCounter | None = None) -> torch.optim.Optimizer:
+                          counter: WireCounter | None = None, seed: int = 0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are ring-all-reduced by Horovod.
 
     Args:
@@ -20,7 +20,13 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
             ``backward_passes_per_step``: gradients are summed locally and all-reduced once per ``accumulate``
             backward passes) and the reduce ``op``.
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
+        seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
     """
+    # ---- codecs that change the gradient's shape (top-k, rand-k, int8, PowerSGD): reduced after the backward
+    # pass by hvdsync.torch.compression; cast codecs keep Horovod's asynchronous all-reduce below.
+    if not get_codec(sync.compression).cast:
+        return CodecOptimizer(optimizer, model.named_parameters(), sync, counter, seed)
+    # ---- end of the codec dispatch
     return hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
@@ -38,4 +44,6 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     """
     hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
     if optimizer is not None:
-        hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+        # A CodecOptimizer's local optimizer: Horovod's broadcast may call step() to create the state, which must
+        # not run the codec's collectives (hvdsync.torch.compression.CodecOptimizer).
+        hvd.broadcast_optimizer_state(getattr(optimizer, "optimizer", optimizer), root_rank=root_rank)

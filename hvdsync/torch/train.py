@@ -19,6 +19,7 @@ from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
 from hvdsync.torch.models import local_optimizer, mlp
 from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
+from hvdsync.torch.precision import MixedPrecision
 from hvdsync.torch.runtime import device, init
 
 
@@ -27,13 +28,16 @@ class TorchBackend:
 
     framework = "torch"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync, precision: str = "fp32",
+                 seed: int = 0) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.device = device()
         self.model = model.to(self.device)
         self.wire = WireCounter()
         self.timer = PhaseTimer()
-        self.optimizer = distributed_optimizer(optimizer, model, sync, self.wire)
+        self.optimizer = distributed_optimizer(optimizer, model, sync, self.wire, seed)
+        self.precision = MixedPrecision(precision, self.device)  # autocast, loss scale, rank-consistent skip
+        self.precision.attach(self.optimizer)
         broadcast_state(self.model, self.optimizer)
         self.wire.reset()  # the optimizer-state broadcast is not gradient traffic
 
@@ -46,17 +50,18 @@ class TorchBackend:
         total = 0.0
         for x, y in micro:
             with self.timer.phase("compute"):
-                logits = self.model(torch.as_tensor(x).to(self.device))
-                loss = F.cross_entropy(logits, torch.as_tensor(y).to(self.device), reduction="sum")
+                with self.precision.autocast():
+                    logits = self.model(torch.as_tensor(x).to(self.device))
+                    loss = F.cross_entropy(logits, torch.as_tensor(y).to(self.device), reduction="sum")
                 # Summed loss times the global-step scale (hvdsync.core.scaling): backward passes *add* into .grad,
                 # so after `accumulate` passes the gradient is the mean over the whole global step.
-                (loss * scale).backward()
+                self.precision.backward(loss * scale)
             total += float(loss.detach())
         with self.timer.phase("sync_wait"):
             # Horovod started the all-reduce asynchronously from the last backward pass's hooks; wait for it here.
             self.optimizer.synchronize()
-        with self.timer.phase("update"), self.optimizer.skip_synchronize():
-            self.optimizer.step()
+        with self.timer.phase("update"):
+            self.precision.step(self.optimizer)  # skipped on every rank if any rank's fp16 gradients overflowed
         return total
 
     @torch.no_grad()
@@ -86,7 +91,7 @@ def build(cfg, data: datasets.Dataset) -> TorchBackend:
     """Model, local optimizer (learning rate scaled per ``train.lr_scaling``) and Horovod wrapping."""
     model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
     optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    backend = TorchBackend(model, optimizer, cfg.sync)
+    backend = TorchBackend(model, optimizer, cfg.sync, cfg.train.precision, cfg.train.seed)
     # The model was built from the global seed (identical start, then broadcast anyway); from here on torch's
     # generator draws per rank, so dropout masks and noise differ between ranks as they should (notebook 02).
     torch.manual_seed(seeding.rank_seed(cfg.train.seed, hvd.rank()))

@@ -9,7 +9,12 @@ from hvdsync.config import Config, ConfigError
 
 
 @pytest.mark.parametrize("section,field,value,allowed", [
-    ("sync", "compression", "fp8", "choose one of: none, fp16"),
+    ("sync", "compression", "fp8", "choose one of: none, fp16, bf16, topk:<ratio>, randk:<ratio>, int8, powersgd"),
+    ("sync", "compression", "topk:0", "the ratio of topk must be a number in (0, 1]"),
+    ("sync", "compression", "randk:1.5", "the ratio of randk must be a number in (0, 1]"),
+    ("sync", "compression", "powersgd:0", "the rank of powersgd must be an integer >= 1"),
+    ("sync", "error_feedback", "yes", "expected true or false"),
+    ("train", "precision", "fp8", "choose one of: fp32, fp16, bf16"),
     ("sync", "accumulate", 0, "expected an integer >= 1"),
     ("sync", "accumulate", 2.5, "expected an integer >= 1"),
     ("sync", "op", "max", "choose one of: average, sum, adasum"),
@@ -71,10 +76,10 @@ def test_cli_rejects_bad_value_before_starting_any_worker():
     proc = subprocess.run([sys.executable, "-m", "hvdsync.cli", "train", "--compression", "fp8", "--np", "2"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "sync.compression: 'fp8' is not allowed; choose one of: none, fp16" in proc.stderr
+    assert "sync.compression: 'fp8' is not allowed; choose one of: none, fp16, bf16" in proc.stderr
     assert "Traceback" not in proc.stderr
     # No worker was started: no Horovod launcher output, and far quicker than a worker start-up.
-    assert "rank" not in proc.stdout + proc.stderr
+    assert "rank" not in (proc.stdout + proc.stderr).replace("powersgd:<rank>", "")
     assert time.perf_counter() - start < 30
 
 

@@ -1,0 +1,27 @@
+"""Gradient codecs: what a gradient looks like on the wire, written once for both frameworks.
+
+``sync.compression`` names one (``name`` or ``name:param``):
+
+=================  ================================================================  ===================================
+codec              what travels per gradient of n float32 values (bytes per rank)     module
+=================  ================================================================  ===================================
+``none``           n float32 (4n), all-reduce                                          :mod:`~hvdsync.core.codecs.cast`
+``fp16``, ``bf16``  n 16-bit floats (2n), all-reduce                                     :mod:`~hvdsync.core.codecs.cast`
+``topk:<ratio>``   k = floor(ratio n) values + int32 indices (8k), allgather            :mod:`~hvdsync.core.codecs.sparse`
+``randk:<ratio>``  k values at positions every rank draws alike (4k), all-reduce        :mod:`~hvdsync.core.codecs.sparse`
+``int8``           n int8 + one float32 scale (n + 4), allgather                        :mod:`~hvdsync.core.codecs.quantize`
+``powersgd:<r>``   r (rows + cols) float32 per matrix, two all-reduces                  :mod:`~hvdsync.core.codecs.powersgd`
+=================  ================================================================  ===================================
+
+The maths is written against :class:`~hvdsync.core.codecs.base.Ops` (kernels each adapter implements), the
+per-parameter state is a :class:`~hvdsync.core.codecs.state.CodecState` (saved with ``state_dict()``), and
+:func:`~hvdsync.core.codecs.driver.reduce_all` runs a codec over all parameters in rounds of collectives.
+"""
+from hvdsync.core.codecs.base import (Allgather, Allreduce, Codec, Ops, ReduceContext, WireCounter, mix_seed,
+                                      numel)
+from hvdsync.core.codecs.driver import reduce_all
+from hvdsync.core.codecs.registry import CODECS, choices, get_codec, register_codec
+from hvdsync.core.codecs.state import CodecState
+
+__all__ = ["Allgather", "Allreduce", "CODECS", "Codec", "CodecState", "Ops", "ReduceContext", "WireCounter",
+           "choices", "get_codec", "mix_seed", "numel", "reduce_all", "register_codec"]

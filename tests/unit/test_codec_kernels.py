@@ -1,0 +1,74 @@
+"""The framework kernels run the core's codec maths: PyTorch's and TensorFlow's Ops give what numpy's give.
+
+Each codec runs in a simulated world of 2 ranks (hvdsync.core.codecs.numpy_ops.simulate) once with numpy's kernels
+and once with the framework's, on the same gradients. Random draws are the one part that differs by design (each
+framework has its own generator), so here every Ops draws numpy's noise; the seeding itself is tested on real
+workers (tests/parallel). Equal to float32 rounding: the same maths, in another library's kernels.
+"""
+import numpy as np
+import pytest
+
+from hvdsync.core.codecs import CodecState, WireCounter, get_codec
+from hvdsync.core.codecs.numpy_ops import NumpyOps, simulate
+
+SHAPES = [(32, 24), (24,), (5, 3, 4), (10,)]
+SPECS = ["fp16", "bf16", "topk:0.1", "randk:0.1", "int8", "powersgd:2"]
+
+
+def _torch_ops():
+    pytest.importorskip("horovod.torch")
+    from hvdsync.torch.compression import TorchOps
+
+    return TorchOps()
+
+
+def _tf_ops():
+    pytest.importorskip("horovod.tensorflow")
+    from hvdsync.tensorflow.compression import TFOps
+
+    return TFOps()
+
+
+def _numpy_noise(ops):
+    """The same ops, drawing numpy's noise (converted to the framework's tensors)."""
+    reference = NumpyOps()
+
+    class SharedNoise(type(ops)):
+        def uniform(self, n, seed, step):
+            return self.from_numpy(reference.uniform(n, seed, int(step)))
+
+    return SharedNoise()
+
+
+@pytest.fixture(scope="module", params=["torch", "tensorflow"])
+def ops(request):
+    return _numpy_noise(_torch_ops() if request.param == "torch" else _tf_ops())
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_framework_kernels_equal_the_core_maths(ops, spec):
+    codec = get_codec(spec)
+    rng = np.random.default_rng(0)
+    reference = NumpyOps()
+    states = {name: [CodecState(codec, SHAPES, o, seed=5) for _ in range(2)]
+              for name, o in (("numpy", reference), ("framework", ops))}
+    for step in range(3):
+        grads = [[rng.normal(size=s).astype(np.float32) for s in SHAPES] for _ in range(2)]
+        if codec.cast:
+            for g in grads[0]:
+                want = codec.decode(reference, codec.encode(reference, g), "float32")
+                got = ops.to_numpy(codec.decode(ops, codec.encode(ops, ops.from_numpy(g)), "float32"))
+                assert ops.dtype_name(codec.encode(ops, ops.from_numpy(g))) == codec.wire_dtype
+                np.testing.assert_array_equal(got, want)
+            continue
+        counters = {"numpy": WireCounter(), "framework": WireCounter()}
+        want = simulate(codec, grads, states["numpy"], seed=5, counter=counters["numpy"])
+        got = simulate(codec, [[ops.from_numpy(g) for g in r] for r in grads], states["framework"], seed=5,
+                       ops=ops, counter=counters["framework"])
+        for r in range(2):
+            for w, g in zip(want[r], got[r]):
+                np.testing.assert_allclose(ops.to_numpy(g), w, rtol=1e-4, atol=1e-5)
+            for sw, sg in zip(states["numpy"][r].state_dict()["params"], states["framework"][r].state_dict()["params"]):
+                for name in sw:
+                    np.testing.assert_allclose(sg[name], sw[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        assert counters["numpy"].snapshot() == counters["framework"].snapshot()
