@@ -68,7 +68,8 @@ def test_framework_kernels_equal_the_core_maths(ops, spec):
         for r in range(2):
             for w, g in zip(want[r], got[r]):
                 np.testing.assert_allclose(ops.to_numpy(g), w, rtol=1e-4, atol=1e-5)
-            for sw, sg in zip(states["numpy"][r].state_dict()["params"], states["framework"][r].state_dict()["params"]):
-                for name in sw:
-                    np.testing.assert_allclose(sg[name], sw[name], rtol=1e-4, atol=1e-5, err_msg=name)
+            sw, sg = states["numpy"][r].state_dict(), states["framework"][r].state_dict()
+            assert sw.keys() == sg.keys() and sw["codec"] == sg["codec"] == spec
+            for name in set(sw) - {"codec"}:
+                np.testing.assert_allclose(sg[name], sw[name], rtol=1e-4, atol=1e-5, err_msg=name)
         assert counters["numpy"].snapshot() == counters["framework"].snapshot()

@@ -187,6 +187,16 @@ def test_state_dict_round_trip_continues_the_same_run(spec):
         np.testing.assert_array_equal(x, y)
     with pytest.raises(ValueError, match="saved for 'fp16'"):
         b[0].load_state_dict({**saved[0], "codec": "fp16"})
+    # The flat dict goes through np.savez / np.load (what checkpoints and elastic commits do) unchanged.
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **saved[0])
+    with np.load(io.BytesIO(buf.getvalue()), allow_pickle=False) as z:
+        c = _states(codec, 1)[0]
+        c.load_state_dict({k: z[k] for k in z.files})
+    for k, v in c.state_dict().items():
+        np.testing.assert_array_equal(v, saved[0][k])
 
 
 def test_cast_codecs_halve_the_bytes_and_round_like_the_format():

@@ -5,8 +5,11 @@ tf.Variables, numpy arrays), so that it persists between steps in each framework
 can only carry state in variables). :meth:`CodecState.state_dict` / :meth:`CodecState.load_state_dict` move it in
 and out as plain numpy arrays, which is what checkpoints and elastic commits store next to the optimizer state::
 
-    saved = reducer.state.state_dict()     # {"codec": "topk:0.01", "params": [{"residual": array, ...}, ...]}
+    saved = reducer.state.state_dict()     # {"codec": "topk:0.01", "0.residual": array, "0.step": array, ...}
     reducer.state.load_state_dict(saved)   # same codec and shapes, any framework
+
+The dict is flat (``"<parameter index>.<slot name>"`` -> array, plus ``"codec"``), so it goes into ``np.savez``,
+``torch.save`` or an elastic commit as it is.
 """
 from __future__ import annotations
 
@@ -35,23 +38,25 @@ class CodecState:
             for i, shape in enumerate(self.shapes)]
 
     def state_dict(self) -> dict:
-        """``{"codec": spec, "params": [{slot name: numpy array}, ...]}`` (copies)."""
-        return {"codec": self.codec.spec,
-                "params": [{name: np.array(self.ops.to_numpy(s)) for name, s in slots.items()}
-                           for slots in self.slots]}
+        """``{"codec": spec, "<i>.<slot>": numpy array, ...}`` (copies)."""
+        out = {"codec": self.codec.spec}
+        for i, slots in enumerate(self.slots):
+            out.update({f"{i}.{name}": np.array(self.ops.to_numpy(s)) for name, s in slots.items()})
+        return out
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore what :meth:`state_dict` returned; the codec and the parameter shapes must match."""
-        if saved.get("codec") != self.codec.spec:
-            raise ValueError(f"codec state: saved for {saved.get('codec')!r}, this run uses {self.codec.spec!r}")
-        params = saved["params"]
-        if len(params) != len(self.slots):
-            raise ValueError(f"codec state: saved for {len(params)} parameters, this model has {len(self.slots)}")
-        for i, (slots, values) in enumerate(zip(self.slots, params)):
-            if set(slots) != set(values):
-                raise ValueError(f"codec state: parameter {i} has slots {sorted(slots)}, saved {sorted(values)}")
+        codec = str(np.asarray(saved.get("codec")))
+        if codec != self.codec.spec:
+            raise ValueError(f"codec state: saved for {codec!r}, this run uses {self.codec.spec!r}")
+        mine = {f"{i}.{name}" for i, slots in enumerate(self.slots) for name in slots}
+        theirs = set(saved) - {"codec"}
+        if mine != theirs:
+            raise ValueError(f"codec state: saved slots {sorted(theirs)[:6]}... do not match this model's "
+                             f"{sorted(mine)[:6]}...")
+        for i, slots in enumerate(self.slots):
             for name, slot in slots.items():
-                value = np.asarray(values[name])
+                value = np.asarray(saved[f"{i}.{name}"])
                 if value.shape != tuple(self.ops.to_numpy(slot).shape):
                     raise ValueError(f"codec state: parameter {i} slot {name!r} has shape "
                                      f"{self.ops.to_numpy(slot).shape}, saved {value.shape}")
