@@ -11,6 +11,7 @@ lines of that log.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -61,12 +62,59 @@ def preflight(cfg: Config) -> None:
                           "has Gloo only); choose one of: average, sum")
 
 
+@functools.cache
+def _linked(symbol: bytes) -> bool:
+    """Whether any of Horovod's compiled extensions names ``symbol``: read from the binaries, no framework import."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = Path(list(spec.submodule_search_locations)[0])
+    return any(symbol in lib.read_bytes() for pattern in _EXTENSIONS.values() for lib in root.glob(pattern))
+
+
 def _mpi_built() -> bool:
     """Whether Horovod's extensions were linked with MPI (Adasum on CPU needs it): an MPI build references
-    ``MPI_Init_thread``; a Gloo-only build has no MPI symbol at all. Read from the binaries: no framework import."""
-    spec = importlib.util.find_spec("horovod")
-    root = Path(list(spec.submodule_search_locations)[0])
-    return any(b"MPI_Init_thread" in lib.read_bytes() for pattern in _EXTENSIONS.values() for lib in root.glob(pattern))
+    ``MPI_Init_thread``; a Gloo-only build has no MPI symbol at all."""
+    return _linked(b"MPI_Init_thread")
+
+
+def _gloo_built() -> bool:
+    """Whether Horovod was built with Gloo (its controller class is in every extension built with it)."""
+    return _linked(b"GlooController")
+
+
+@contextlib.contextmanager
+def _build_checks_from_binaries() -> Iterator[None]:
+    """Answer the launcher's "built with Gloo / MPI?" questions from the binaries while Horovod starts a job.
+
+    Horovod's own checks (``horovod.common.util.gloo_built``/``mpi_built``) fork a process that imports
+    ``horovod.tensorflow`` first, so every launch, even of a PyTorch job, paid a TensorFlow import (seconds of CPU)
+    and that child printed TensorFlow's absl start-up lines into this terminal (its fd 2 is ours).
+    ``benchmarks/launch_overhead.py`` measures the difference.
+    """
+    import horovod.runner.launch as horovod_launch
+
+    answers = {"gloo_built": lambda verbose=False: _gloo_built(), "mpi_built": lambda verbose=False: _mpi_built()}
+    saved = {name: getattr(horovod_launch, name) for name in answers}
+    for name, answer in answers.items():
+        setattr(horovod_launch, name, answer)
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(horovod_launch, name, original)
+
+
+def _call_quietly(payload: bytes):
+    """Runs in each worker: filter TensorFlow's start-up lines (:mod:`hvdsync.core.quiet`) before anything can
+    import it (unpickling the function may import the user's module, which may import TensorFlow), then call it."""
+    import cloudpickle
+
+    from hvdsync.core.quiet import quiet_imports
+
+    quiet_imports()
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return fn(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -141,6 +189,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         >>> run(hello, np=2)  # doctest: +SKIP
         [0, 1]
     """
+    import cloudpickle
     import horovod.runner as horovod_runner
 
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
@@ -168,7 +217,9 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         if progress:
             follower.start()
         try:
-            results = horovod_runner.run(fn, args=args, kwargs=kwargs or {}, num_proc=np, hosts=f"localhost:{np}",
+            stack.enter_context(_build_checks_from_binaries())
+            payload = cloudpickle.dumps((fn, args, kwargs or {}))
+            results = horovod_runner.run(_call_quietly, args=(payload,), num_proc=np, hosts=f"localhost:{np}",
                                          use_gloo=True, start_timeout=start_timeout)
         except Exception as exc:
             log.flush()

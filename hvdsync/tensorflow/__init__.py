@@ -9,13 +9,17 @@ are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Ho
 """
 import os
 
-# Before TensorFlow's first import (the submodules below import it): without this every worker prints a screenful
-# of C++ start-up lines (oneDNN, CUDA drivers, CPU features). A user's own setting wins.
+from hvdsync.core.quiet import quiet_imports
+
+# Before TensorFlow's first import (the submodules below import it). TF_CPP_MIN_LOG_LEVEL quiets TensorFlow's own
+# C++ logging (CUDA drivers, CPU features); the lines absl writes while the libraries load, before TensorFlow reads
+# that variable (oneDNN on AVX-512 CPUs), are filtered from stderr by quiet_imports. A user's own level wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+quiet_imports()
 
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
-from hvdsync.tensorflow.data import ShardedLoader
-from hvdsync.tensorflow.layers import SyncBatchNormalization  # noqa: E402  # noqa: E402
+from hvdsync.tensorflow.data import ShardedLoader  # noqa: E402
+from hvdsync.tensorflow.layers import SyncBatchNormalization  # noqa: E402
 from hvdsync.tensorflow.models import local_optimizer, mlp  # noqa: E402
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer  # noqa: E402
 from hvdsync.tensorflow.runtime import init  # noqa: E402
