@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from hvdsync.core.codecs import get_codec
+from hvdsync.core.schemes import MODES
 
 FRAMEWORKS = ("torch", "tensorflow")
 REDUCE_OPS = ("average", "sum", "adasum")
@@ -78,6 +79,11 @@ class SyncConfig:
         fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
         cycle_time_ms: Horovod background-loop cycle time (HOROVOD_CYCLE_TIME), in milliseconds.
         cache_capacity: Horovod response-cache entries (HOROVOD_CACHE_CAPACITY); 0 turns the cache off.
+        mode: how ranks combine their work (:data:`hvdsync.core.schemes.MODES`): ``allreduce`` (default; ring
+            all-reduce of gradients), ``ps`` (parameter server from Horovod collectives), ``gossip`` (each rank
+            averages its parameters with its ring neighbours).
+        ps_servers: ``ps`` only: number of server ranks owning a shard each; 0 (default) = every rank.
+        period: ``gossip`` only: average with the neighbours every ``period`` steps (1 = every step).
     """
 
     compression: str = "none"
@@ -92,8 +98,14 @@ class SyncConfig:
     fusion_threshold_mb: float = 64.0
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
+    mode: str = "allreduce"
+    ps_servers: int = 0
+    period: int = 1
 
     def __post_init__(self) -> None:
+        _choice("sync.mode", self.mode, tuple(MODES))
+        _int("sync.ps_servers", self.ps_servers, 0)
+        _int("sync.period", self.period, 1)
         try:
             codec = get_codec(self.compression)
         except ValueError as exc:
@@ -325,6 +337,9 @@ class Config:
                 f"sync.accumulate: {self.sync.accumulate} is not allowed with data.batch_size "
                 f"{self.data.batch_size}; expected at most data.batch_size micro-batches per step"
             )
+        problem = MODES[self.sync.mode].problem(dataclasses.asdict(self.sync), self.train.framework, self.train.np)
+        if problem:
+            raise ConfigError(problem)
 
     # ---- building -------------------------------------------------------------------------------------------
     @classmethod

@@ -70,6 +70,12 @@ class Span:
     def seconds(self) -> float:
         return self.end - self.start
 
+    @property
+    def name(self) -> str:
+        """The name the caller gave: Horovod's Python API prefixes it with the op (``allreduce.fc.weight``)."""
+        prefix = self.op.lower() + "."
+        return self.tensor[len(prefix):] if self.tensor.startswith(prefix) else self.tensor
+
 
 @dataclass
 class Timeline:
@@ -78,9 +84,12 @@ class Timeline:
     epoch_start: float
     spans: list[Span]
 
-    def select(self, op: str | None = None, tensor: Callable[[str], bool] | None = None) -> list[Span]:
-        """Spans of one op (e.g. ``"ALLREDUCE"``) and/or whose tensor name passes ``tensor``."""
-        return [s for s in self.spans if (op is None or s.op == op) and (tensor is None or tensor(s.tensor))]
+    def select(self, op: str | None = None, name: Callable[[str], bool] | None = None,
+               between: tuple[float, float] | None = None) -> list[Span]:
+        """Spans of one op (e.g. ``"ALLREDUCE"``), whose :attr:`Span.name` passes ``name``, starting ``between``
+        two epoch times."""
+        return [s for s in self.spans if (op is None or s.op == op) and (name is None or name(s.name))
+                and (between is None or between[0] <= s.start <= between[1])]
 
 
 def _load_events(text: str) -> list[dict]:

@@ -21,7 +21,14 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
             backward passes) and the reduce ``op``.
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
+
+    A ``sync.mode`` other than ``allreduce`` (parameter server, gossip) gets its optimizer from the registry in
+    :mod:`hvdsync.torch.schemes` instead.
     """
+    if getattr(sync, "mode", "allreduce") != "allreduce":
+        from hvdsync.torch.schemes import scheme_optimizer
+
+        return scheme_optimizer(optimizer, model, sync, counter)
     # ---- codecs that change the gradient's shape (top-k, rand-k, int8, PowerSGD): reduced after the backward
     # pass by hvdsync.torch.compression; cast codecs keep Horovod's asynchronous all-reduce below.
     if not get_codec(sync.compression).cast:
@@ -44,6 +51,6 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     """
     hvd.broadcast_parameters(model.state_dict(), root_rank=root_rank)
     if optimizer is not None:
-        # A CodecOptimizer's local optimizer: Horovod's broadcast may call step() to create the state, which must
-        # not run the codec's collectives (hvdsync.torch.compression.CodecOptimizer).
+        # The optimizer a CodecOptimizer or a sync-mode optimizer (hvdsync.torch.schemes) wraps: Horovod's broadcast
+        # may call step() to create the state, which must not run their collectives.
         hvd.broadcast_optimizer_state(getattr(optimizer, "optimizer", optimizer), root_rank=root_rank)

@@ -5,6 +5,7 @@ import doctest
 import numpy as np
 import pytest
 
+from hvdsync.config import Config, ConfigError
 from hvdsync.core import schemes
 from hvdsync.core.data import digits
 from hvdsync.core.schemes import gossip, ps, sim
@@ -69,3 +70,25 @@ def test_two_ranks_gossip_is_an_exact_average_and_the_ring_mixes_slower_as_it_gr
     factors = [gossip.contraction(w) for w in (2, 3, 4, 8, 16, 32)]
     assert factors[0] == pytest.approx(0) and factors[1] == pytest.approx(0)
     assert factors[2:] == sorted(factors[2:]) and factors[-1] > 0.9
+
+
+@pytest.mark.parametrize("raw,field", [
+    ({"sync": {"mode": "parameter_server"}}, "sync.mode"),
+    ({"sync": {"mode": "ps", "op": "adasum"}}, "sync.op"),
+    ({"sync": {"mode": "gossip", "op": "sum"}}, "sync.op"),
+    ({"sync": {"mode": "gossip", "compression": "fp16"}}, "sync.compression"),
+    ({"sync": {"mode": "ps", "ps_servers": 3}, "train": {"np": 2}}, "sync.ps_servers"),
+    ({"sync": {"ps_servers": 1}}, "sync.ps_servers"),
+    ({"sync": {"period": 4}}, "sync.period"),
+    ({"sync": {"mode": "gossip", "period": 0}}, "sync.period"),
+    ({"sync": {"mode": "ps"}, "train": {"framework": "tensorflow"}}, "sync.mode"),
+])
+def test_bad_modes_and_impossible_combinations_fail_in_the_config(raw, field):
+    with pytest.raises(ConfigError) as err:
+        Config.from_dict(raw)
+    assert str(err.value).startswith(field + ":"), str(err.value)
+
+
+def test_good_mode_settings_pass():
+    Config.from_dict({"sync": {"mode": "ps", "ps_servers": 1, "compression": "fp16"}})
+    Config.from_dict({"sync": {"mode": "gossip", "period": 4}})

@@ -18,7 +18,7 @@ def test_docstring_examples():
 
 
 def test_negotiation_ranks_activities_and_repeated_tensors_become_spans_in_epoch_seconds():
-    recs = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "fc.weight"}}]
+    recs = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.fc.weight"}}]
     for step, base in enumerate((0, 1000)):
         recs += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": base + 10, "pid": 1},
                  {"ph": "X", "name": "0", "ts": base + 10, "pid": 1, "dur": 0},
@@ -32,7 +32,8 @@ def test_negotiation_ranks_activities_and_repeated_tensors_become_spans_in_epoch
     tl = timeline.parse(_trace(recs))
     assert tl.epoch_start == 1.0 and len(tl.spans) == 2
     first = tl.spans[0]
-    assert first.tensor == "fc.weight" and first.op == "ALLREDUCE" and first.shape == "[4, 4]"
+    assert first.tensor == "allreduce.fc.weight" and first.name == "fc.weight" and first.op == "ALLREDUCE"
+    assert first.shape == "[4, 4]"
     assert first.start == pytest.approx(1.00005) and first.seconds == pytest.approx(100e-6)
     assert first.negotiate_start == pytest.approx(1.00001)
     assert first.ready == {0: pytest.approx(1.00001), 1: pytest.approx(1.00004)}
@@ -41,7 +42,8 @@ def test_negotiation_ranks_activities_and_repeated_tensors_become_spans_in_epoch
     assert timeline.busy_seconds(tl.spans) == pytest.approx(200e-6)
     # Windows covering the first all-reduce fully and none of the second: half hidden.
     assert timeline.overlap(tl.spans, [(0.9, 1.0002)]) == pytest.approx(0.5)
-    assert len(tl.select(op="ALLREDUCE", tensor=lambda n: n.startswith("fc"))) == 2
+    assert len(tl.select(op="ALLREDUCE", name=lambda n: n.startswith("fc"))) == 2
+    assert len(tl.select(between=(1.0009, 2.0))) == 1
     assert tl.select(op="BROADCAST") == []
 
 

@@ -1,0 +1,127 @@
+"""Sync modes (parameter server, gossip) and the overlap probe on real Horovod workers (2 processes, Gloo).
+
+One pair of workers trains every mode and runs one round of each against the numpy simulation at W = 2
+(tests/parallel/scheme_checks.py); two more jobs run the overlap probe under Horovod's timeline at two fusion
+thresholds. World size 2 makes the ring and the neighbour exchange coincide: the 4- and 8-rank behaviour is
+tested on the numpy simulations (tests/unit/test_schemes.py).
+"""
+import cloudpickle
+import numpy as np
+import pytest
+
+from hvdsync import launch
+from hvdsync.config import SyncConfig
+from hvdsync.core import timeline
+from hvdsync.core.schemes import gossip, ps
+from hvdsync.torch import overlap
+from tests.parallel import scheme_checks
+
+cloudpickle.register_pickle_by_value(scheme_checks)
+
+
+@pytest.fixture(scope="module")
+def checks():
+    results = launch.run(scheme_checks.run_checks, np=2, progress=False)
+    assert [r["size"] for r in results] == [2, 2]
+    return results
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+
+
+def test_sharded_and_single_parameter_servers_reach_the_ring_parameters(checks):
+    runs = checks[0]["runs"]
+    ring = runs["allreduce"]["params"]
+    assert runs["allreduce"]["accuracy"] > 0.85                     # it trained
+    for name in ("ps_sharded", "ps_single"):
+        assert runs[name]["steps"] == runs["allreduce"]["steps"] > 40
+        assert _max_diff(runs[name]["params"], ring) < 1e-5, name
+        assert runs[name]["spread"] == 0.0                          # every rank pulled the same parameters
+    assert 1e-6 < _max_diff(runs["ps_fp16"]["params"], ring) < 5e-2  # fp16 pushes: close, not equal
+    assert runs["ps_fp16"]["wire"]["dtypes"] == ["float16"]
+
+
+def test_bytes_through_rank_0_single_server_vs_sharded_vs_ring_counted(checks):
+    runs = [r["runs"] for r in checks]
+    steps = runs[0]["allreduce"]["steps"]
+    payload = runs[0]["allreduce"]["wire"]["bytes"] / steps        # gradient bytes one rank hands over per step
+    assert runs[0]["ps_sharded"]["wire"]["bytes"] == runs[0]["allreduce"]["wire"]["bytes"]
+    single0, single1 = runs[0]["ps_single"]["traffic"], runs[1]["ps_single"]["traffic"]
+    # The server receives W-1 gradients per step and sends W-1 copies of the parameters; a worker one of each.
+    assert single0["received"] == single0["sent"] == (2 - 1) * payload * steps
+    assert single1["received"] == single1["sent"] == payload * steps
+    # Sharded: each rank sends (W-1)/W of the push and of the pull: 2 (W-1)/W S per step, the ring's law.
+    for r in runs:
+        assert r["ps_sharded"]["traffic"]["sent"] == pytest.approx(2 * (2 - 1) / 2 * payload * steps, rel=0.01)
+    # With W = 2 the single server moves 1x (= W - 1) a sharded rank's bytes; the W = 4, 8 ratios are in the
+    # numpy tests (tests/unit/test_schemes.py), counted the same way (hvdsync.core.schemes.ps.traffic).
+    assert single0["sent"] + single0["received"] == pytest.approx(
+        (2 - 1) * (runs[0]["ps_sharded"]["traffic"]["sent"] + runs[0]["ps_sharded"]["traffic"]["received"]), rel=0.01)
+
+
+def test_one_round_of_each_mode_equals_the_numpy_simulation_at_two_ranks(checks):
+    for key, servers in (("ps0", 0), ("ps1", 1)):
+        rounds = [r["rounds"][key] for r in checks]
+        expected, traffic = ps.ps_round([r["grad"] for r in rounds], rounds[0]["start"], servers,
+                                        lambda _s, p, g: p - 0.5 * g)
+        for rank, r in enumerate(rounds):
+            np.testing.assert_allclose(r["after"], expected[rank], atol=1e-5)
+            # float32 on the wire: the counted bytes are the simulation's for 18 float32 elements
+            assert r["traffic"]["sent"] == ps.traffic(18, 4, 2, servers).sent[rank]
+            assert r["traffic"]["received"] == ps.traffic(18, 4, 2, servers).received[rank]
+    rounds = [r["rounds"]["gossip0"] for r in checks]
+    mixed = gossip.mix([r["start"] for r in rounds])
+    for rank, r in enumerate(rounds):
+        np.testing.assert_allclose(r["after"], mixed[rank] - 0.5 * r["grad"], atol=1e-5)
+        assert r["traffic"]["sent"] == gossip.traffic(18, 4, 2).sent[rank]
+
+
+def test_gossip_consensus_distance_shrinks_and_accuracy_is_within_two_points(checks):
+    runs = checks[0]["runs"]
+    for name, period in (("gossip", 1), ("gossip_h4", 4)):
+        records = runs[name]["consensus"]
+        assert len(records) == -(-runs[name]["steps"] // period)       # one mixing every `period` steps
+        later = records[1:]
+        assert all(after < before for _, before, after in later)      # every mixing pulls the ranks together
+        assert all(after < 1e-6 for _, _, after in later)             # with W = 2 it is an exact average
+        assert max(before for _, before, _ in later) > 1e-4          # the local steps had pulled them apart
+        assert abs(runs[name]["accuracy"] - runs["allreduce"]["accuracy"]) <= 0.02, name
+    assert runs["gossip_h4"]["traffic"]["rounds"] * 4 >= runs["gossip"]["traffic"]["rounds"]
+    assert runs["gossip_h4"]["traffic"]["sent"] < runs["gossip"]["traffic"]["sent"] / 3
+
+
+def test_every_measured_pattern_returns_the_right_result(checks):
+    for r in checks:
+        assert r["measured"] == {p: True for p in ("ring", "sharded_ps", "ps", "gossip")}
+
+
+# ---- overlap, through Horovod's timeline ----------------------------------------------------------------------
+SMALL = {"small": 64, "big": 384, "n_small": 2, "n_big": 3}
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    out = {}
+    for mb in (0, 64):
+        path = tmp_path_factory.mktemp("timeline") / f"fusion{mb}.json"
+        rows = launch.run(overlap.probe, kwargs={"batch": 128, "steps": 3, "warmup": 1, **SMALL}, np=2,
+                          sync=SyncConfig(fusion_threshold_mb=mb), env={"HOROVOD_TIMELINE": str(path)},
+                          progress=False)[0]
+        out[mb] = (rows, timeline.read(path))
+    return out
+
+
+def test_the_timeline_shows_every_gradient_and_the_overlap_of_each_variant(probes):
+    for mb, (rows, tl) in probes.items():
+        for row in rows:
+            spans = tl.select(op="ALLREDUCE", name=row["bytes"].__contains__, between=row["segment"])
+            assert {s.name for s in spans} == set(row["bytes"]), (mb, row["order"], row["variant"])
+            assert len(spans) >= 3 * len(row["bytes"])              # every gradient, every timed step
+            row["hidden"] = timeline.overlap(spans, row["backward"])
+            assert 0.0 <= row["hidden"] <= 1.0
+            if row["variant"] == "after_backward":
+                # Handed over only after backward returned: nothing can hide (up to the skew between Horovod's
+                # clock and Python's). How much the hooks hide is a timing, shown in notebook 07, not asserted.
+                assert row["hidden"] < 0.05, (mb, row["order"], row["hidden"])
+                assert min(s.start for s in spans) >= row["backward"][0][1] - 1e-3
