@@ -14,17 +14,18 @@ change; :mod:`hvdsync.core.observe` records it per rank every ``monitor.every`` 
 Horovod's timeline. With ``HOROVOD_TIMELINE=<file>`` Horovod's coordinator writes a Chrome trace of every
 collective: per tensor, the negotiation (all ranks announcing the tensor is ready), the queue before the fused
 operation starts, memory copies into and out of the fusion buffer and the all-reduce itself.
-:func:`parse_timeline` reads it (also unfinished: Horovod writes it as it goes and closes the JSON list only at
-shutdown) and :func:`timeline_chart` draws the per-tensor breakdown.
+:func:`parse_timeline` sums it per tensor and part (read by :mod:`hvdsync.core.timeline`, also unfinished) and
+:func:`timeline_chart` draws the per-tensor breakdown.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from hvdsync.core import timeline
 
 PHASES = ("data", "compute", "sync_wait", "update")
 
@@ -86,60 +87,27 @@ def _part(activity: str) -> str:
     return "other"
 
 
-def _events(text: str) -> list[dict]:
-    """The trace events of a timeline file, finished or not (Horovod ends the list only when it shuts down)."""
-    text = text.strip()
-    try:
-        data = json.loads(text)
-        return data["traceEvents"] if isinstance(data, dict) else data
-    except json.JSONDecodeError:
-        pass
-    events = []
-    for line in text.lstrip("[").splitlines():
-        line = line.strip().rstrip(",")
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # the line Horovod was writing when the file was read
-    return events
-
-
 def parse_timeline(path: str | Path) -> dict[str, dict[str, float]]:
     """Seconds per tensor per part (:data:`TIMELINE_PARTS`) from a Horovod timeline file.
 
-    Horovod gives each tensor its own trace "process" (``pid``, named by a ``process_name`` metadata event) and
-    nests activities as begin/end pairs (``ph`` B/E) inside the operation. Time is counted in the innermost open
-    activity, so nested activities are not counted twice; the outer operation's own time goes to its part.
+    The file is read by :mod:`hvdsync.core.timeline` (the one timeline parser: per tensor and collective, the
+    negotiation, the operation and its nested activities; an unfinished file keeps its complete records). Nested
+    activities are not counted twice: the operation's own time is what its activities do not cover.
 
     Example::
 
         parts = parse_timeline("timeline.json")   # {"fc1.weight": {"negotiate": 0.01, "allreduce": 0.2, ...}}
     """
-    events = _events(Path(path).read_text(errors="replace"))
-    names: dict[int, str] = {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            names[e.get("pid")] = str(e.get("args", {}).get("name", e.get("pid")))
     totals: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(TIMELINE_PARTS, 0.0))
-    stacks: dict[int, list[tuple[str, float]]] = defaultdict(list)
-    for e in sorted((e for e in events if e.get("ph") in ("B", "E", "X")), key=lambda e: (e.get("ts", 0))):
-        pid, ts = e.get("pid"), float(e.get("ts", 0)) / 1e6  # microseconds in the trace
-        tensor = names.get(pid, str(pid))
-        stack = stacks[pid]
-        if e["ph"] == "X":
-            totals[tensor][_part(e.get("name", ""))] += float(e.get("dur", 0)) / 1e6
-            continue
-        if stack:  # the activity open so far gets the time up to this event
-            name, since = stack[-1]
-            totals[tensor][_part(name)] += ts - since
-            stack[-1] = (name, ts)
-        if e["ph"] == "B":
-            stack.append((e.get("name", ""), ts))
-        elif stack:
-            stack.pop()
-            if stack:
-                stack[-1] = (stack[-1][0], ts)
+    for span in timeline.read(path).spans:
+        parts = totals[span.tensor]
+        if span.negotiate_start is not None and span.negotiate_end is not None:
+            parts["negotiate"] += span.negotiate_end - span.negotiate_start
+        inner = 0.0
+        for activity in span.activities:
+            parts[_part(activity.name)] += activity.end - activity.start
+            inner += activity.end - activity.start
+        parts[_part(span.op)] += max(0.0, span.seconds - inner)
     return {k: v for k, v in totals.items() if any(v.values())}
 
 

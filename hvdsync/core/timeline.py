@@ -50,7 +50,8 @@ class Span:
         tensor: the tensor's name (Horovod's; hvdsync's optimizers name gradients after the parameters).
         op: the response type (``ALLREDUCE``, ``ALLGATHER``, ``BROADCAST``, ``REDUCESCATTER``, ``ALLTOALL``).
         start / end: the collective, from its response to its output.
-        negotiate_start: when the first rank's request reached the coordinator (None if not negotiated).
+        negotiate_start / negotiate_end: the negotiation, from the first rank's request reaching the coordinator to
+            all ranks' (None if not negotiated, e.g. a response-cache hit).
         ready: rank -> when that rank's request reached the coordinator.
         activities: nested steps (queue, memcpy into the fusion buffer, the transport's own collective, ...).
         dtype / shape: of the output, as Horovod wrote them.
@@ -61,6 +62,7 @@ class Span:
     start: float
     end: float
     negotiate_start: float | None = None
+    negotiate_end: float | None = None
     ready: dict[int, float] = field(default_factory=dict)
     activities: list[Activity] = field(default_factory=list)
     dtype: str = ""
@@ -132,7 +134,7 @@ def parse(text: str) -> Timeline:
     spans: list[Span] = []
     # Per tensor a stack of open records: [kind, name, start, extra] with kind negotiate / op / activity.
     stacks: dict[int, list[list]] = {}
-    pending: dict[int, tuple[float, dict[int, float]]] = {}     # negotiation finished, collective not yet begun
+    pending: dict[int, tuple] = {}     # negotiation finished, collective not yet begun: (start, end, ready)
     for e in events:
         ph, pid = e.get("ph"), e.get("pid")
         if ph not in ("B", "E", "X") or pid not in names:
@@ -153,13 +155,13 @@ def parse(text: str) -> Timeline:
             kind, name, start, extra = stack.pop()
             end = t(e["ts"])
             if kind == "negotiate":
-                pending[pid] = (start, extra)
+                pending[pid] = (start, end, extra)
             elif kind == "activity":
                 stack[-1][3].append(Activity(name, start, end))
             else:
-                negotiated, ready = pending.pop(pid, (None, {}))
+                n_start, n_end, ready = pending.pop(pid, (None, None, {}))
                 args = e.get("args", {})
-                spans.append(Span(names[pid], name, start, end, negotiated, ready, extra,
+                spans.append(Span(names[pid], name, start, end, n_start, n_end, ready, extra,
                                   args.get("dtype", ""), args.get("shape", "")))
     spans.sort(key=lambda s: s.start)
     return Timeline(epoch_us / 1e6, spans)

@@ -35,7 +35,7 @@ def test_negotiation_ranks_activities_and_repeated_tensors_become_spans_in_epoch
     assert first.tensor == "allreduce.fc.weight" and first.name == "fc.weight" and first.op == "ALLREDUCE"
     assert first.shape == "[4, 4]"
     assert first.start == pytest.approx(1.00005) and first.seconds == pytest.approx(100e-6)
-    assert first.negotiate_start == pytest.approx(1.00001)
+    assert first.negotiate_start == pytest.approx(1.00001) and first.negotiate_end == pytest.approx(1.00004)
     assert first.ready == {0: pytest.approx(1.00001), 1: pytest.approx(1.00004)}
     assert [a.name for a in first.activities] == ["QUEUE", "GLOO_ALLREDUCE"]
     assert tl.spans[1].start == pytest.approx(1.00105)
