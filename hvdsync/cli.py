@@ -1,6 +1,7 @@
 """The ``hvdsync`` command.
 
     hvdsync train --framework torch --np 2 [--compression fp16] [--accumulate 4] [--config run.yaml] [--set k=v]
+    hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir DIR [--resume]
     hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
     hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/runs.py)
     hvdsync sweep --set sync.compression=none,fp16 --set sync.accumulate=1,4 [train options]
@@ -23,7 +24,8 @@ SHORTCUTS = {
     "framework": "train.framework", "np": "train.np", "epochs": "train.epochs", "lr": "train.lr",
     "seed": "train.seed", "compression": "sync.compression", "accumulate": "sync.accumulate", "op": "sync.op",
     "batch_size": "data.batch_size", "dataset": "data.dataset", "experiment": "tracking.experiment",
-    "tracking_uri": "tracking.tracking_uri",
+    "tracking_uri": "tracking.tracking_uri", "min_np": "elastic.min_np", "max_np": "elastic.max_np",
+    "checkpoint_dir": "elastic.checkpoint_dir",
 }
 
 
@@ -41,11 +43,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train_options(t: argparse.ArgumentParser) -> None:
     """The config options of ``train`` (and ``sweep``, whose ``--set`` may list values: ``sync.accumulate=1,4``)."""
-    t.add_argument("--config", help="YAML config file (sections: sync, data, train, tracking, monitor)")
+    t.add_argument("--config", help="YAML config file (sections: sync, data, train, tracking, monitor, elastic)")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one config field; repeatable")
     for flag, field in SHORTCUTS.items():
         t.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"shortcut for --set {field}=...")
+    t.add_argument("--elastic", action="store_true", help="elastic job: survives lost workers, grows back "
+                   "(local hosts from a discovery script in --log-dir; see hvdsync.elastic_launch)")
+    t.add_argument("--resume", action="store_true", help="elastic: start from the newest valid checkpoint")
     t.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     t.add_argument("--timeline", action="store_true", help="record Horovod's timeline and its per-tensor chart")
     t.add_argument("--verbose", action="store_true", help="show worker output instead of a log file")
@@ -61,6 +66,10 @@ def _config(ns: argparse.Namespace) -> Config:
         overrides.append("tracking.enabled=false")
     if ns.timeline:
         overrides.append("tracking.timeline=true")
+    if ns.elastic:
+        overrides.append("elastic.enabled=true")
+    if ns.resume:
+        overrides.append("elastic.resume=true")
     return Config.load(ns.config, overrides)
 
 
@@ -69,7 +78,12 @@ def _train(ns: argparse.Namespace) -> int:
 
     cfg = _config(ns)  # every config error surfaces here, before any worker starts
     os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
-    result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+    if cfg.elastic.enabled:
+        from hvdsync import elastic_launch
+
+        result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+    else:
+        result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
     return 0
 

@@ -170,7 +170,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2, sync=None,
         env: dict[str, str] | None = None, quiet: bool = True, progress: bool = True,
-        log_dir: str | Path | None = None, start_timeout: int = 120) -> list:
+        log_dir: str | Path | None = None, start_timeout: int = 120, runner_options: dict | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``np`` local Horovod workers (Gloo) and return their results by rank.
 
     Args:
@@ -182,6 +182,8 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         quiet: keep worker output in ``<log_dir>/workers.log`` instead of this terminal.
         progress: show rank 0's progress (from :class:`hvdsync.core.progress.Progress`) as a bar here.
         log_dir: where the workers' log goes (default: a temporary folder, removed after a success, kept on failure).
+        runner_options: more arguments for ``horovod.runner.run`` (an elastic job's discovery script, min/max
+            workers: :mod:`hvdsync.elastic_launch`); they replace the fixed ``localhost:np`` hosts.
 
     Example:
         >>> def hello():
@@ -219,8 +221,9 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         try:
             stack.enter_context(_build_checks_from_binaries())
             payload = cloudpickle.dumps((fn, args, kwargs or {}))
-            results = horovod_runner.run(_call_quietly, args=(payload,), num_proc=np, hosts=f"localhost:{np}",
-                                         use_gloo=True, start_timeout=start_timeout)
+            where = runner_options or {"hosts": f"localhost:{np}"}
+            results = horovod_runner.run(_call_quietly, args=(payload,), num_proc=np, use_gloo=True,
+                                         start_timeout=start_timeout, **where)
         except Exception as exc:
             log.flush()
             raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n{_tail(log_path)}") from None

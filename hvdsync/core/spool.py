@@ -212,6 +212,8 @@ def replay(client, spool: Spool, record: dict) -> dict:
 
     op = record["op"]
     if op == "start":
+        if record.get("run_id"):  # continuing an existing run (an elastic job's new rank 0, a resumed job)
+            return {"run_id": record["run_id"]}
         exp = client.get_experiment_by_name(record["experiment"])
         exp_id = exp.experiment_id if exp else client.create_experiment(record["experiment"])
         run = client.create_run(exp_id, run_name=record.get("run_name") or None, tags=record.get("tags") or {},

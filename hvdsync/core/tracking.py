@@ -52,7 +52,7 @@ class Tracker:
     run_id: str | None = None
     spool_path: Path | None = None
 
-    def start(self, params: dict[str, Any], tags: dict[str, str] | None = None) -> None: ...
+    def start(self, params: dict[str, Any], tags: dict[str, str] | None = None, run_id: str | None = None) -> None: ...
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 
@@ -124,7 +124,9 @@ class MLflowTracker(Tracker):
         self._queue.append(record)
         self._wake.set()
 
-    def start(self, params: dict[str, Any], tags: dict[str, str] | None = None) -> None:
+    def start(self, params: dict[str, Any], tags: dict[str, str] | None = None, run_id: str | None = None) -> None:
+        """Start the run; with ``run_id``, go on writing to that existing run instead (an elastic job's new rank 0,
+        a resumed job): no new run, and no params (MLflow refuses to change a logged param)."""
         for key, value in HTTP_ENV.items():
             os.environ.setdefault(key, value)
         try:
@@ -138,8 +140,9 @@ class MLflowTracker(Tracker):
         self.spool_path = self.spool.path
         tags = {**(tags or {}), **({"mlflow.parentRunId": self._parent} if self._parent else {})}
         self._write("start", uri=self._uri, experiment=self._experiment, run_name=self._run_name, tags=tags,
-                    time=_now_ms())
-        self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
+                    time=_now_ms(), **({"run_id": run_id} if run_id else {}))
+        if not run_id:
+            self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
         self._thread = threading.Thread(target=self._send_loop, name="hvdsync-tracking", daemon=True)
         self._thread.start()
 

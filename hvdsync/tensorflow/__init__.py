@@ -1,7 +1,7 @@
 """hvdsync for TensorFlow 2 with Keras 3: the same names as :mod:`hvdsync.torch`.
 
     init, fit, build, TensorFlowBackend, distributed_optimizer, broadcast_state, ShardedLoader, CodecCompressor,
-    SyncBatchNormalization, mlp, local_optimizer
+    SyncBatchNormalization, mlp, local_optimizer, elastic_state, run_elastic, fit_elastic
 
 Horovod 0.28.1's own TensorFlow helpers (``DistributedGradientTape``, the Keras callbacks, ``SyncBatchNormalization``)
 are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Horovod's low-level collectives
@@ -19,6 +19,7 @@ quiet_imports()
 
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
 from hvdsync.tensorflow.data import ShardedLoader  # noqa: E402
+from hvdsync.tensorflow.elastic import elastic_state, fit_elastic, run_elastic  # noqa: E402
 from hvdsync.tensorflow.layers import SyncBatchNormalization  # noqa: E402
 from hvdsync.tensorflow.models import local_optimizer, mlp  # noqa: E402
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer  # noqa: E402
@@ -26,4 +27,5 @@ from hvdsync.tensorflow.runtime import init  # noqa: E402
 from hvdsync.tensorflow.train import TensorFlowBackend, build, fit  # noqa: E402
 
 __all__ = ["init", "fit", "build", "TensorFlowBackend", "distributed_optimizer", "broadcast_state", "ShardedLoader",
-           "CodecCompressor", "SyncBatchNormalization", "mlp", "local_optimizer"]
+           "CodecCompressor", "SyncBatchNormalization", "mlp", "local_optimizer", "elastic_state", "run_elastic",
+           "fit_elastic"]

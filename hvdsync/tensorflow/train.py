@@ -30,12 +30,13 @@ class TensorFlowBackend:
 
     framework = "tensorflow"
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, sync) -> None:
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, sync, broadcast: bool = True) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.model, self.timer = model, PhaseTimer()
         self.optimizer = distributed_optimizer(optimizer, model, sync)
         self.wire = self.optimizer.counter  # what the optimizer's compressor hands to Horovod
-        broadcast_state(self.model, self.optimizer)  # rank 0's model and optimizer variables to every rank
+        if broadcast:  # rank 0's model and optimizer variables to every rank (elastic: the state's first sync does)
+            broadcast_state(self.model, self.optimizer)
         # Micro-batch sizes vary (the last step of an epoch is short, even empty on some ranks): a batch dimension
         # of None and the scale as a tensor keep each function to one trace.
         spec = [tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.float32), tf.TensorSpec((None,), tf.int64),
@@ -47,6 +48,10 @@ class TensorFlowBackend:
     @property
     def grad_tensors(self) -> int:
         return len(self.model.trainable_variables)
+
+    def refresh(self) -> None:
+        """Re-read rank and world size (they change when an elastic job resets)."""
+        self.rank, self.size = hvd.rank(), hvd.size()
 
     def _backward_pass(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -83,11 +88,12 @@ class TensorFlowBackend:
         return [np.asarray(v.numpy()) for v in self.model.trainable_variables]
 
 
-def build(cfg, data: datasets.Dataset) -> TensorFlowBackend:
-    """The Keras model, its local optimizer (learning rate scaled per ``train.lr_scaling``), wrapped for Horovod."""
+def build(cfg, data: datasets.Dataset, broadcast: bool = True) -> TensorFlowBackend:
+    """The Keras model, its local optimizer (learning rate scaled per ``train.lr_scaling``), wrapped for Horovod;
+    ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
     model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
     optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    return TensorFlowBackend(model, optimizer, cfg.sync)
+    return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast)
 
 
 def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None) -> FitResult:

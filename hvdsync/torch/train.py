@@ -29,7 +29,7 @@ class TorchBackend:
     framework = "torch"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync, precision: str = "fp32",
-                 seed: int = 0) -> None:
+                 seed: int = 0, broadcast: bool = True) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.device = device()
         self.model = model.to(self.device)
@@ -38,8 +38,13 @@ class TorchBackend:
         self.optimizer = distributed_optimizer(optimizer, model, sync, self.wire, seed)
         self.precision = MixedPrecision(precision, self.device)  # autocast, loss scale, rank-consistent skip
         self.precision.attach(self.optimizer)
-        broadcast_state(self.model, self.optimizer)
+        if broadcast:  # an elastic job broadcasts in its state's first sync instead (hvdsync.torch.elastic)
+            broadcast_state(self.model, self.optimizer)
         self.wire.reset()  # the optimizer-state broadcast is not gradient traffic
+
+    def refresh(self) -> None:
+        """Re-read rank and world size (they change when an elastic job resets)."""
+        self.rank, self.size = hvd.rank(), hvd.size()
 
     @property
     def grad_tensors(self) -> int:
@@ -87,11 +92,12 @@ class TorchBackend:
         return float(torch.stack(grads).norm()) if grads else 0.0
 
 
-def build(cfg, data: datasets.Dataset) -> TorchBackend:
-    """Model, local optimizer (learning rate scaled per ``train.lr_scaling``) and Horovod wrapping."""
+def build(cfg, data: datasets.Dataset, broadcast: bool = True) -> TorchBackend:
+    """Model, local optimizer (learning rate scaled per ``train.lr_scaling``) and Horovod wrapping; ``broadcast``
+    rank 0's state now (an elastic job leaves that to its state's first sync)."""
     model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
     optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    backend = TorchBackend(model, optimizer, cfg.sync, cfg.train.precision, cfg.train.seed)
+    backend = TorchBackend(model, optimizer, cfg.sync, cfg.train.precision, cfg.train.seed, broadcast=broadcast)
     # The model was built from the global seed (identical start, then broadcast anyway); from here on torch's
     # generator draws per rank, so dropout masks and noise differ between ranks as they should (notebook 02).
     torch.manual_seed(seeding.rank_seed(cfg.train.seed, hvd.rank()))

@@ -1,0 +1,206 @@
+"""The elastic training loop both frameworks share: the shard plan re-planned from the committed position.
+
+This is the function Horovod's elastic wrapper re-enters after every reset (:func:`hvdsync.core.elastic.run`), so
+everything it needs about "where are we" comes from the state: ``epoch`` and ``consumed`` pick up the epoch's
+global order where the last commit left it, with the plan cut for the *current* world size
+(``ShardPlan.resized(size).epoch(epoch, rank, start=consumed)``). No sample of the epoch is read twice, none is
+skipped, whatever the sizes before and after.
+
+With ``record_reads`` the ranks all-gather the indices they actually trained on at every step and the state counts
+them per epoch (``state.user["reads"]``) and keeps a timeline of samples read per rank (``state.user["timeline"]``).
+Both are user objects, so a restore rolls them back with the model: they count committed training exactly.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hvdsync.core import monitor
+from hvdsync.core.data import Dataset
+from hvdsync.core.elastic import ElasticState
+from hvdsync.core.progress import Progress
+from hvdsync.core.scaling import loss_scale
+from hvdsync.core.sharding import ShardPlan
+from hvdsync.core.tracking import Tracker, make_tracker
+
+RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
+FAULTS_ENV = "HVDSYNC_FAULTS"
+
+
+@dataclass
+class ElasticResult:
+    """What an elastic run returns (rank 0's): accuracy, the position reached, the resets and what was read."""
+
+    framework: str
+    world_size: int
+    epochs: int
+    steps: int
+    test_accuracy: float
+    history: list[dict] = field(default_factory=list)
+    resets: list[dict] = field(default_factory=list)
+    param_spread: float = 0.0
+    params_sha256: str = ""
+    reads: list[list[int]] | None = None
+    timeline: list[list[float]] | None = None
+    run_id: str | None = None
+    total_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        resets = "; ".join(f"{e['reason']} {e['size_before']}->{e['size_after']} workers, recovered in "
+                           f"{e['recovery_seconds']:.1f}s" for e in self.resets) or "none"
+        return (f"{self.framework} elastic, {self.world_size} workers at the end: test accuracy "
+                f"{self.test_accuracy:.4f} after {self.epochs} epochs ({self.steps} steps) in {self.total_seconds:.1f}s; "
+                f"resets: {resets}; params equal across ranks: {self.param_spread == 0.0}"
+                + (f", MLflow run {self.run_id}" if self.run_id else ""))
+
+
+def describe(event: dict) -> str:
+    """One line for a reset record."""
+    when = time.strftime("%H:%M:%S", time.localtime(event["time"]))
+    return (f"elastic reset at {when} (step {event['step']}): {event['reason']}; world size {event['size_before']} "
+            f"-> {event['size_after']}; recovered in {event['recovery_seconds']:.2f}s")
+
+
+class _Reporter:
+    """Rank 0 prints each reset and records it in MLflow; the tracker follows rank 0 (which may change)."""
+
+    def __init__(self, cfg, state: ElasticState, framework: str) -> None:
+        self.cfg, self.state, self.framework, self.tracker = cfg, state, framework, None
+
+    def tracker_for_rank(self, rank: int, size: int):
+        if rank != 0:  # a process that was rank 0 before a reset may not be now: only rank 0 writes
+            return Tracker()
+        if self.tracker is None:
+            self.tracker = make_tracker(self.cfg.tracking, rank)
+            # The run id is part of the committed state: a new rank 0 (or a resumed job) keeps writing to the run.
+            self.tracker.start(params={**self.cfg.flat(), "world_size": size},
+                               tags={"framework": self.framework, "elastic": "true"}, run_id=self.state.run_id)
+        return self.tracker
+
+    def note_run_id(self) -> None:
+        """Put the MLflow run id into the state once the store has created the run (it answers asynchronously)."""
+        if self.state.run_id is None and self.tracker is not None and self.state._rank() == 0:
+            self.state.run_id = self.tracker.run_id
+
+    def __call__(self, event: dict) -> None:
+        if self.state._rank() != 0:
+            return
+        import sys
+
+        print(f"hvdsync: {describe(event)}", file=sys.stderr, flush=True)
+        if self.tracker is not None and self.tracker.active:
+            self.tracker.log_metrics({"elastic_world_size": event["size_after"],
+                                      "elastic_recovery_seconds": event["recovery_seconds"]}, step=event["step"])
+
+
+def elastic_fit(state: ElasticState, cfg, backend, data: Dataset, record_reads: bool = False) -> ElasticResult:
+    """Train from the state's position to ``cfg.train.epochs``; called (again after each reset) by the elastic run.
+
+    Args:
+        state: the :class:`~hvdsync.core.elastic.ElasticState` (position, user objects, reset log).
+        cfg: the :class:`hvdsync.config.Config`.
+        backend: the adapter's loop backend; ``backend.refresh()`` re-reads rank and size after a reset.
+        data: the dataset (same arrays on every rank).
+        record_reads: count every sample each rank trains on (tests and notebook 10).
+    """
+    start = time.perf_counter()
+    backend.refresh()
+    rank, size = backend.rank, backend.size
+    n = len(data.x_train)
+    plan = ShardPlan(n, size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed, cfg.data.shuffle)
+    reporter = state.on_event if isinstance(state.on_event, _Reporter) else _Reporter(cfg, state, backend.framework)
+    state.on_event = reporter
+    tracker = reporter.tracker_for_rank(rank, size)
+    if record_reads:
+        state.user.setdefault("reads", np.zeros((cfg.train.epochs, n), dtype=np.int64))
+        state.user["reads"] = np.asarray(state.user["reads"], dtype=np.int64)  # a list after a JSON checkpoint
+        state.user.setdefault("timeline", [])
+    state.user.setdefault("history", [])
+    bar = Progress(cfg.train.epochs * n, rank, desc=f"{backend.framework} elastic x{size}")
+    bar.update(state.position.epoch * n + state.position.consumed)
+    try:
+        while state.position.epoch < cfg.train.epochs:
+            epoch = state.position.epoch
+            loss_sum, seen = 0.0, 0
+            for step in plan.epoch(epoch, rank, start=state.position.consumed):
+                inject_fault(state.position.step)
+                micro = [(data.x_train[idx], data.y_train[idx]) for idx in step.micro]
+                loss_sum += backend.train_step(micro, loss_scale(step.global_count, size, cfg.sync.op))
+                seen += step.local_count
+                if record_reads:
+                    _record(state, backend, step, cfg.data.batch_size, epoch)
+                bar.update(step.global_count)
+                reporter.note_run_id()
+                state.step_done(step.global_count)  # may commit, and raise HostsUpdatedInterrupt there
+            x, y = data.x_test[rank::size], data.y_test[rank::size]
+            correct = backend.count_correct(x, y) if len(x) else 0
+            g = backend.allgather(np.array([loss_sum, seen, correct, len(x)], dtype=np.float64))
+            metrics = {"train_loss": g[:, 0].sum() / max(1.0, g[:, 1].sum()),
+                       "test_accuracy": g[:, 2].sum() / max(1.0, g[:, 3].sum()), "world_size": size}
+            state.user["history"].append({"epoch": epoch, **{k: float(v) for k, v in metrics.items()}})
+            tracker.log_metrics(metrics, step=epoch)
+            state.epoch_done()
+        gathered = backend.allgather(monitor.fingerprint(backend.parameters()))
+        tracker.finish("FINISHED")
+    finally:
+        bar.close()
+    history = state.user["history"]
+    return ElasticResult(
+        framework=backend.framework, world_size=size, epochs=cfg.train.epochs, steps=state.position.step,
+        test_accuracy=history[-1]["test_accuracy"] if history else 0.0, history=history, resets=state.events,
+        param_spread=monitor.spread(gathered), params_sha256=_digest(backend.parameters()),
+        reads=state.user["reads"].tolist() if record_reads else None,
+        timeline=state.user.get("timeline") if record_reads else None, run_id=state.run_id,
+        total_seconds=time.perf_counter() - start)
+
+
+def _digest(params) -> str:
+    """SHA-256 of the parameters' bytes: equal digests are bitwise-equal models."""
+    h = hashlib.sha256()
+    for p in params:
+        h.update(np.ascontiguousarray(p).tobytes())
+    return h.hexdigest()
+
+
+def _record(state: ElasticState, backend, step, batch_size: int, epoch: int) -> None:
+    # Each rank reports the indices it really trained on (padded to a fixed length for the all-gather).
+    mine = np.full(batch_size, -1, dtype=np.float64)
+    mine[:step.local_count] = step.indices
+    everyone = backend.allgather(mine)
+    for row in everyone:
+        idx = row[row >= 0].astype(np.int64)
+        np.add.at(state.user["reads"][epoch], idx, 1)
+    state.user["timeline"].append([time.time(), state.position.step + 1, backend.size,
+                                   *[int((row >= 0).sum()) for row in everyone]])
+
+
+def inject_fault(step: int) -> None:
+    """Called by the elastic loop before each step: fire this host's fault if one is due (once per run)."""
+    spec, run_dir = os.environ.get(FAULTS_ENV), os.environ.get(RUN_DIR_ENV)
+    if not spec or not run_dir:
+        return
+    host = os.environ.get("HOROVOD_HOSTNAME", "")
+    for i, fault in enumerate(spec.split(",")):
+        action, _, rest = fault.partition("@")
+        at, _, where = rest.partition(":")
+        if action == "slow":  # every worker sleeps this many ms per step: a job slow enough to watch and to change
+            time.sleep(int(at) / 1000)
+            continue
+        if int(at) != step or where != host:
+            continue
+        marker = Path(run_dir) / f"fault-{i}.fired"
+        if marker.exists():
+            continue
+        marker.write_text(fault)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault: {fault}")

@@ -1,0 +1,143 @@
+"""Elastic state for TensorFlow with Keras 3: hvdsync's own, because Horovod 0.28.1's does not work there.
+
+What breaks in ``horovod/tensorflow/elastic.py`` on TF 2 + Keras 3 (read from its source):
+
+* ``TensorFlowKerasState`` calls ``optimizer.variables()`` as a method; in Keras 3 it is a property (a list), so
+  the call fails.
+* ``TensorFlowState.sync()`` only broadcasts variables when a TF1 session exists; in TF2 there is none, so a joining
+  worker keeps its own random weights and the ranks silently train different models.
+* ``run`` turns only ``UnknownError``s that mention ``HorovodAllreduce``, ``HorovodAllgather`` or
+  ``HorovodBroadcast`` into ``HorovodInternalError``; other collective failures (``HorovodGroupedAllreduce``, other
+  error classes) kill the worker instead of resetting it, and any other ``UnknownError`` is silently swallowed
+  (the wrapper falls off the ``except`` and returns None).
+* Keras 3 creates optimizer slots lazily: a state made before they exist would broadcast fewer variables on one
+  rank than on another, and the broadcast hangs (Horovod issues 2652, 2285). Here they are built first.
+
+So :class:`KerasTensors` lists the model's variables, the (built) optimizer's variables and hvdsync's
+accumulation variables, saves them by value, restores them with ``assign``, broadcasts every one from rank 0 on
+``sync()``, and checkpoints them as an ``.npz`` (no pickle).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any, Callable
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+from horovod.common.exceptions import HorovodInternalError
+
+from hvdsync.core.checkpoint import CheckpointStore
+from hvdsync.core.elastic import ElasticState, run
+from hvdsync.core.elastic_loop import elastic_fit
+from hvdsync.core.scaling import scaled_lr
+
+
+def _keras_optimizer(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # hvdsync's DistributedOptimizer wraps a Keras optimizer
+
+
+def fingerprint(model: keras.Model) -> str:
+    """A short hash of the model's variable paths, shapes and dtypes."""
+    text = ";".join(f"{v.path}:{tuple(v.shape)}:{v.dtype}" for v in model.variables)
+    return "keras-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class KerasTensors:
+    """The Keras part of the elastic state (:class:`hvdsync.core.elastic.Tensors`)."""
+
+    def __init__(self, model: keras.Model, optimizer) -> None:
+        keras_optimizer = _keras_optimizer(optimizer)
+        if not keras_optimizer.built:
+            keras_optimizer.build(model.trainable_variables)  # the lazy slots, before anything is listed
+        self.variables = list(model.variables) + list(keras_optimizer.variables)
+        # hvdsync's accumulation sums and pass counter: a joining worker must count passes like the others.
+        self.variables += list(getattr(optimizer, "_sums", [])) + \
+            ([optimizer._passes] if hasattr(optimizer, "_passes") else [])
+        self.fingerprint = fingerprint(model)
+        self.save()
+
+    def save(self) -> None:
+        self._values = [np.array(v.numpy(), copy=True) for v in self.variables]
+
+    def restore(self) -> None:
+        for v, value in zip(self.variables, self._values):
+            v.assign(value)
+
+    def sync(self) -> None:
+        for i, v in enumerate(self.variables):
+            # Named by position: every rank lists the same variables in the same order (slots built first).
+            v.assign(hvd.broadcast(v.value if hasattr(v, "value") else v, root_rank=0, name=f"hvdsync.elastic.{i}"))
+
+    def to_files(self) -> dict[str, bytes]:
+        buf = io.BytesIO()
+        np.savez(buf, **{f"v{i:05d}": value for i, value in enumerate(self._values)})
+        return {"keras_state.npz": buf.getvalue()}
+
+    def from_files(self, files: dict[str, bytes]) -> None:
+        # By value: numpy arrays, allow_pickle=False; shapes are checked by the fingerprint and by assign.
+        with np.load(io.BytesIO(files["keras_state.npz"]), allow_pickle=False) as saved:
+            for i, v in enumerate(self.variables):
+                v.assign(saved[f"v{i:05d}"])
+        self.save()
+
+
+def translate(exc: BaseException) -> BaseException | None:
+    """A TensorFlow error from a Horovod collective (a peer died, the ring was shut down) as HorovodInternalError;
+    anything else is not a collective failure (None): it propagates and fails the job."""
+    if isinstance(exc, tf.errors.OpError) and ("horovod" in str(exc).lower() or "gloo" in str(exc).lower()):
+        return HorovodInternalError(str(exc))
+    return None
+
+
+def follow_world_size(optimizer, base_lr: float, rule: str) -> Callable[[], None]:
+    """A reset callback that sets the Keras optimizer's learning rate for the new world size."""
+
+    def callback() -> None:
+        _keras_optimizer(optimizer).learning_rate.assign(scaled_lr(base_lr, hvd.size(), rule))
+
+    return callback
+
+
+def elastic_state(model: keras.Model, optimizer, cfg=None, codec: Any = None,
+                  on_event: Callable[[dict], None] | None = None, **user: Any) -> ElasticState:
+    """The elastic state of a TensorFlow job (the same arguments as :func:`hvdsync.torch.elastic_state`)."""
+    from hvdsync.config import Config
+
+    cfg = cfg or Config()
+    e = cfg.elastic
+    tensors = KerasTensors(model, optimizer)
+    store = CheckpointStore(e.checkpoint_dir, e.keep, tensors.fingerprint) if e.checkpoint_dir else None
+    state = ElasticState(tensors, hvd.broadcast_object, hvd.rank, hvd.size, commit_every=e.commit_every,
+                         store=store, checkpoint_every=e.checkpoint_every, codec=codec, on_event=on_event, **user)
+    state.register_reset_callbacks([follow_world_size(optimizer, cfg.train.lr, cfg.train.lr_scaling)])
+    if e.resume and hvd.rank() == 0:
+        state.load_checkpoint()
+    return state
+
+
+def _reset() -> None:
+    hvd.shutdown()
+    hvd.init()
+
+
+def run_elastic(func: Callable, state: ElasticState) -> Any:
+    """Run ``func(state)`` elastically on TensorFlow (collective failures in TF errors become resets)."""
+    return run(func, state, _reset, translate=translate)
+
+
+def fit_elastic(cfg=None, data=None, record_reads: bool = False):
+    """hvdsync's built-in Keras model trained elastically; returns this rank's ``ElasticResult``."""
+    from hvdsync.config import Config
+    from hvdsync.core.data import load
+    from hvdsync.tensorflow.runtime import init
+    from hvdsync.tensorflow.train import build
+
+    cfg = cfg or Config()
+    init(cfg)
+    data = data if data is not None else load(cfg.data, cfg.train.seed)
+    backend = build(cfg, data, broadcast=False)
+    state = elastic_state(backend.model, backend.optimizer, cfg)
+    return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)

@@ -1,0 +1,127 @@
+"""Elastic state for PyTorch: Horovod's ``TorchState`` handlers for the tensors, hvdsync's core for the rest.
+
+Horovod 0.28.1's ``hvd.elastic.TorchState`` works on torch: it deep-copies the model's and optimizer's
+``state_dict`` on commit, loads them back on restore and broadcasts them from rank 0 on sync. hvdsync uses its
+handlers for exactly that and adds, in the core (:class:`hvdsync.core.elastic.ElasticState`), the shard-plan
+position, the MLflow run id, codec state, user objects, durable checkpoints and the reset log.
+
+Inside a user's own script (launched with ``horovodrun --host-discovery-script ...``, see
+``examples/elastic_torch.py``)::
+
+    state = hs.elastic_state(model, optimizer, cfg)      # after building model and optimizer, before any collective
+    hs.run_elastic(train, state)                          # train(state) reads state.position, calls state.step_done()
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any, Callable
+
+import horovod.torch as hvd
+import torch
+
+from hvdsync.core.checkpoint import CheckpointStore
+from hvdsync.core.elastic import ElasticState, run
+from hvdsync.core.elastic_loop import elastic_fit
+from hvdsync.core.scaling import scaled_lr
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of the parameter names, shapes and dtypes: a checkpoint of another model does not match."""
+    text = ";".join(f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in model.state_dict().items())
+    return "torch-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class TorchTensors:
+    """The torch part of the elastic state (:class:`hvdsync.core.elastic.Tensors`), on Horovod's handlers."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        # TorchState's handlers: deep copies of the state dicts in host memory, broadcast from rank 0 on sync.
+        self._inner = hvd.elastic.TorchState(model=model, optimizer=optimizer)
+        self.fingerprint = fingerprint(model)
+
+    def save(self) -> None:
+        self._inner.save()
+
+    def restore(self) -> None:
+        self._inner.restore()
+
+    def sync(self) -> None:
+        self._inner.sync()
+
+    def to_files(self) -> dict[str, bytes]:
+        # Called right after save(): the live state dicts are the committed ones. Tensors and plain containers only.
+        buf = io.BytesIO()
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, buf)
+        return {"torch_state.pt": buf.getvalue()}
+
+    def from_files(self, files: dict[str, bytes]) -> None:
+        # weights_only=True: torch's restricted unpickler loads tensors and plain containers, never code.
+        saved = torch.load(io.BytesIO(files["torch_state.pt"]), map_location="cpu", weights_only=True)
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+
+
+def follow_world_size(optimizer: torch.optim.Optimizer, base_lr: float, rule: str) -> Callable[[], None]:
+    """A reset callback that sets the learning rate for the new world size (``train.lr_scaling``: ``none`` keeps
+    ``base_lr``, ``linear`` multiplies it by the number of workers)."""
+
+    def callback() -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = scaled_lr(base_lr, hvd.size(), rule)
+
+    return callback
+
+
+def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg=None, codec: Any = None,
+                  on_event: Callable[[dict], None] | None = None, **user: Any) -> ElasticState:
+    """The elastic state of a torch job, configured by ``cfg.elastic`` (and the lr rule by ``cfg.train``).
+
+    Args:
+        model / optimizer: yours (the optimizer may be Horovod's ``DistributedOptimizer``).
+        cfg: a :class:`hvdsync.config.Config` (default: ``Config()``).
+        codec: compression state with ``state_dict()`` / ``load_state_dict()``, if any.
+        on_event: called with each reset record once the first step after it completes.
+        user: your own objects, committed and restored with the rest (``state.user["name"]``).
+
+    With ``cfg.elastic.resume``, rank 0 loads the newest valid checkpoint now; the first sync hands it to every rank.
+    """
+    from hvdsync.config import Config
+
+    cfg = cfg or Config()
+    e = cfg.elastic
+    tensors = TorchTensors(model, optimizer)
+    store = CheckpointStore(e.checkpoint_dir, e.keep, tensors.fingerprint) if e.checkpoint_dir else None
+    state = ElasticState(tensors, hvd.broadcast_object, hvd.rank, hvd.size, commit_every=e.commit_every,
+                         store=store, checkpoint_every=e.checkpoint_every, codec=codec, on_event=on_event, **user)
+    state.register_reset_callbacks([follow_world_size(optimizer, cfg.train.lr, cfg.train.lr_scaling)])
+    if e.resume and hvd.rank() == 0:
+        state.load_checkpoint()
+    return state
+
+
+def _reset() -> None:
+    hvd.shutdown()
+    hvd.init()
+
+
+def run_elastic(func: Callable, state: ElasticState) -> Any:
+    """Run ``func(state)`` elastically on torch (see :func:`hvdsync.core.elastic.run`)."""
+    return run(func, state, _reset)
+
+
+def fit_elastic(cfg=None, data=None, record_reads: bool = False):
+    """hvdsync's built-in model trained elastically (``hvdsync train --elastic``): returns this rank's
+    :class:`~hvdsync.core.elastic_loop.ElasticResult`. Runs in each worker of an elastic job."""
+    from hvdsync.config import Config
+    from hvdsync.core.data import load
+    from hvdsync.torch.runtime import init
+    from hvdsync.torch.train import build
+
+    cfg = cfg or Config()
+    init(cfg)
+    data = data if data is not None else load(cfg.data, cfg.train.seed)
+    backend = build(cfg, data, broadcast=False)  # no collective before the elastic loop: its first sync broadcasts
+    state = elastic_state(backend.model, backend.optimizer, cfg)
+    return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)
