@@ -151,6 +151,7 @@ def elastic_fit(state: ElasticState, cfg, backend, data: Dataset, record_reads: 
             state.epoch_done()
         gathered = backend.allgather(monitor.fingerprint(backend.parameters()))
         tracker.finish("FINISHED")
+        reporter.note_run_id()
     finally:
         bar.close()
     history = state.user["history"]

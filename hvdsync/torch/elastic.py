@@ -123,5 +123,7 @@ def fit_elastic(cfg=None, data=None, record_reads: bool = False):
     init(cfg)
     data = data if data is not None else load(cfg.data, cfg.train.seed)
     backend = build(cfg, data, broadcast=False)  # no collective before the elastic loop: its first sync broadcasts
-    state = elastic_state(backend.model, backend.optimizer, cfg)
+    # Compression state (error-feedback residuals, PowerSGD's Q) is committed and restored with the rest.
+    codec = getattr(getattr(backend.optimizer, "reducer", None), "state", None)
+    state = elastic_state(backend.model, backend.optimizer, cfg, codec=codec)
     return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)
