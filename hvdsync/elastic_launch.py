@@ -92,7 +92,11 @@ def _elastic_worker(cfg_dict: dict, record_reads: bool) -> dict:
     try:
         cfg = Config.from_dict(cfg_dict)
         adapter = importlib.import_module(ADAPTERS[cfg.train.framework])
-        return adapter.fit_elastic(cfg, record_reads=record_reads).to_dict()
+        result = adapter.fit_elastic(cfg, record_reads=record_reads).to_dict()
+        # Horovod's run_task files the result under HOROVOD_RANK, the rank this process *started* with; after a
+        # reset the ranks are reassigned, and the launcher reads rank 0's key: file it under the rank it has now.
+        os.environ["HOROVOD_RANK"] = str(result["rank"])
+        return result
     except Exception:  # noqa: BLE001 - reported to the launcher, which raises it with this traceback
         text = traceback.format_exc()
         (run_dir / "errors").mkdir(exist_ok=True)
@@ -159,8 +163,24 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
         raise
     finally:
         logging.getLogger().removeHandler(handler)
+        if quiet:
+            _echo_reports(run_dir / "workers.log")
     _raise_clear(run_dir, handler.messages, elastic, None)
     return results
+
+
+def _echo_reports(log: Path) -> None:
+    """Show the workers' one-line reports (resets, skipped checkpoints, a fresh start) in this terminal: in quiet
+    mode the rest of their output stays in the log."""
+    import sys
+
+    seen = set()
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            _, sep, text = line.partition(">:hvdsync: ")
+            if sep and text not in seen:
+                seen.add(text)
+                print(f"hvdsync: {text}", file=sys.stderr, flush=True)
 
 
 def _raise_clear(run_dir: Path, driver_log: list[str], elastic, exc: Exception | None) -> None:

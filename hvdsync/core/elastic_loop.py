@@ -39,6 +39,7 @@ class ElasticResult:
 
     framework: str
     world_size: int
+    rank: int
     epochs: int
     steps: int
     test_accuracy: float
@@ -156,7 +157,7 @@ def elastic_fit(state: ElasticState, cfg, backend, data: Dataset, record_reads: 
         bar.close()
     history = state.user["history"]
     return ElasticResult(
-        framework=backend.framework, world_size=size, epochs=cfg.train.epochs, steps=state.position.step,
+        framework=backend.framework, world_size=size, rank=rank, epochs=cfg.train.epochs, steps=state.position.step,
         test_accuracy=history[-1]["test_accuracy"] if history else 0.0, history=history, resets=state.events,
         param_spread=monitor.spread(gathered), params_sha256=_digest(backend.parameters()),
         reads=state.user["reads"].tolist() if record_reads else None,
