@@ -34,8 +34,8 @@ import shutil
 import socket
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic_loop import FAULTS_ENV, RUN_DIR_ENV

@@ -20,9 +20,10 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 MANIFEST = "manifest.json"
 PREFIX = "ckpt-"

@@ -28,8 +28,9 @@ import copy
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from horovod.common.elastic import State, notification_manager

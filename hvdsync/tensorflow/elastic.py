@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import horovod.tensorflow as hvd
 import keras
@@ -69,7 +70,8 @@ class KerasTensors:
     def sync(self) -> None:
         for i, v in enumerate(self.variables):
             # Named by position: every rank lists the same variables in the same order (slots built first).
-            v.assign(hvd.broadcast(v.value if hasattr(v, "value") else v, root_rank=0, name=f"hvdsync.elastic.{i}"))
+            value = v.value if isinstance(v, keras.Variable) else v.read_value()  # Keras 3 or plain tf.Variable
+            v.assign(hvd.broadcast(value, root_rank=0, name=f"hvdsync.elastic.{i}"))
 
     def to_files(self) -> dict[str, bytes]:
         buf = io.BytesIO()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import horovod.torch as hvd
 import torch

@@ -13,74 +13,26 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hvdsync import elastic_launch
-from hvdsync.config import Config
 from hvdsync.launch import WorkerError
+from tests.parallel import elastic_jobs
 
 BIN = Path(sys.executable).parent
-HOSTS = elastic_launch.local_hosts()
+HOSTS = elastic_jobs.HOSTS
 pytestmark = pytest.mark.skipif(len(HOSTS) < 3, reason=f"needs 3 local host names, found {HOSTS}")
-
-# Small and slow enough to watch: 2 epochs of digits, batch 16, 30 ms per step (fault injection "slow").
-BASE = {"data": {"batch_size": 16}, "train": {"epochs": 2, "np": 2, "lr": 0.05},
-        "tracking": {"enabled": False},
-        "elastic": {"enabled": True, "min_np": 1, "max_np": 3, "commit_every": 2, "timeout_s": 30}}
-
-
-def _cfg(**sections):
-    raw = json.loads(json.dumps(BASE))
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    return Config.from_dict(raw)
-
-
-def _wait_for(condition, what, timeout=240):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _bars(run_dir):
-    """Progress records rank 0 wrote: each entry into the training function after a reset starts a new bar."""
-    path = run_dir / "progress.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines]
+_cfg, _wait_for = elastic_jobs.config, elastic_jobs.wait_for
 
 
 @pytest.fixture(scope="module")
 def shrink_and_grow(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("elastic-torch")
-    cfg = _cfg(tracking={"enabled": True, "tracking_uri": f"sqlite:///{run_dir / 'mlflow.db'}"})
-    seen = {}
-
-    def grow():
-        # After the kill and the survivor's recovery (a second progress bar), a host appears in the script.
-        try:
-            _wait_for(lambda: (run_dir / "fault-1.fired").exists(), "the injected kill")
-            _wait_for(lambda: sum("total" in r for r in _bars(run_dir)) >= 2, "recovery")
-            elastic_launch.set_hosts(run_dir, HOSTS[:3])
-            seen["grown"] = True
-        except AssertionError as exc:
-            seen["error"] = exc
-
-    # Horovod's elastic driver installs signal handlers, so it runs in this (main) thread; the watcher does not.
-    watcher = threading.Thread(target=grow, daemon=True)
-    watcher.start()
-    result = elastic_launch.train(cfg, log_dir=run_dir, faults=f"slow@30,kill@6:{HOSTS[1]}", record_reads=True,
-                                  hosts=HOSTS[:2])
-    watcher.join(timeout=5)
-    assert seen.get("grown"), seen
-    out = {"result": result}
-    return out["result"], run_dir
+    tracking = {"enabled": True, "tracking_uri": f"sqlite:///{run_dir / 'mlflow.db'}"}
+    return elastic_jobs.shrink_and_grow("torch", run_dir, tracking=tracking), run_dir
 
 
 def test_a_killed_worker_leaves_the_job_running_on_the_survivor(shrink_and_grow):
@@ -142,7 +94,7 @@ def _cli(tmp_path, ckpt, *extra):
 def killed_and_resumed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     env = {**os.environ, "HVDSYNC_FAULTS": ""}
-    whole = subprocess.run(_cli(tmp, tmp / "ckpt-whole"), capture_output=True, text=True, timeout=600, env=env)
+    whole = subprocess.run(_cli(tmp, tmp / "ckpt-whole"), check=False, capture_output=True, text=True, timeout=600, env=env)
     assert whole.returncode == 0, whole.stderr[-3000:]
     # The same job, killed with SIGKILL (launcher and every worker) once it has written a few checkpoints.
     logs = tmp / "logs"
@@ -163,7 +115,7 @@ def killed_and_resumed(tmp_path_factory):
     blob = bytearray(newest.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     newest.write_bytes(bytes(blob))
-    resumed = subprocess.run(_cli(tmp, ckpt, "--resume"), capture_output=True, text=True, timeout=600, env=env)
+    resumed = subprocess.run(_cli(tmp, ckpt, "--resume"), check=False, capture_output=True, text=True, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return json.loads(whole.stdout), json.loads(resumed.stdout), resumed.stderr, steps, newest
 
@@ -178,14 +130,14 @@ def test_a_resumed_job_ends_bitwise_equal_to_an_uninterrupted_one(killed_and_res
 
 def test_the_damaged_checkpoint_is_named_and_the_previous_one_used(killed_and_resumed):
     _, _, stderr, steps, newest = killed_and_resumed
-    assert f"checkpoint skipped: {newest}: checksum mismatch" in stderr
+    assert f"hvdsync: checkpoint skipped: {newest}: checksum mismatch" in stderr   # in the user's terminal
     assert f"(step {steps[-2]})" in stderr
 
 
 # ---- failures that must end the job -------------------------------------------------------------------------------
 def test_a_python_exception_in_a_worker_fails_the_job_with_its_traceback(tmp_path):
     with pytest.raises(WorkerError) as err:
-        elastic_launch.train(_cfg(), log_dir=tmp_path, faults=f"raise@3:{HOSTS[1]}", progress=False)
+        elastic_launch.train(_cfg("torch"), log_dir=tmp_path, faults=f"raise@3:{HOSTS[1]}", progress=False)
     message = str(err.value)
     assert f"worker on {HOSTS[1]} failed" in message
     assert "Traceback (most recent call last)" in message and "RuntimeError: injected fault: raise@3" in message
@@ -193,7 +145,7 @@ def test_a_python_exception_in_a_worker_fails_the_job_with_its_traceback(tmp_pat
 
 @pytest.mark.timeout(300)  # it must end (Horovod issue 3494: survivors below min_np could wait forever)
 def test_falling_below_min_np_ends_the_job_with_a_clear_message(tmp_path):
-    cfg = _cfg(elastic={"min_np": 2, "timeout_s": 5})
+    cfg = _cfg("torch", elastic={"min_np": 2, "timeout_s": 5})
     with pytest.raises(WorkerError) as err:
         elastic_launch.train(cfg, log_dir=tmp_path, faults=f"kill@3:{HOSTS[1]}", progress=False)
     assert "fewer than elastic.min_np=2 workers were available for elastic.timeout_s=5s" in str(err.value)
