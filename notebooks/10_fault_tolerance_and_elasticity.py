@@ -38,10 +38,10 @@
 # %%
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
-import tempfile
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -49,6 +49,7 @@ import numpy as np
 from hvdsync import elastic_launch
 from hvdsync.config import Config
 from hvdsync.core.checkpoint import CheckpointStore
+from hvdsync.launch import WorkerError
 
 hosts = elastic_launch.local_hosts()
 print("names of this machine that count as hosts:", hosts)
@@ -150,7 +151,7 @@ def kill_every_worker():
 threading.Thread(target=kill_every_worker, daemon=True).start()
 try:
     elastic_launch.train(lost_cfg, log_dir=run_dir, faults="slow@40", progress=False)
-except Exception as exc:  # every worker died: the launcher says so
+except WorkerError as exc:  # every worker died: the launcher says so
     print("the job failed:", str(exc).splitlines()[0][:160])
 store = CheckpointStore(ckpt)
 steps = [int(p.name.split("-")[1]) for p in store.candidates()]
