@@ -3,7 +3,8 @@
 Launch it like any Horovod script (2 local workers over Gloo):
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/train_tensorflow.py
-    horovodrun -np 2 -H localhost:2 --gloo python examples/train_tensorflow.py --set sync.compression=fp16 --set sync.accumulate=4
+    horovodrun -np 2 -H localhost:2 --gloo python examples/train_tensorflow.py \
+        --set sync.compression=fp16 --set sync.accumulate=4
 
 or let hvdsync start the workers for you (same config, progress bar, quiet logs):
 

@@ -23,9 +23,9 @@ from hvdsync.config import Config, ConfigError
 SHORTCUTS = {
     "framework": "train.framework", "np": "train.np", "epochs": "train.epochs", "lr": "train.lr",
     "seed": "train.seed", "compression": "sync.compression", "accumulate": "sync.accumulate", "op": "sync.op",
-    "batch_size": "data.batch_size", "dataset": "data.dataset", "experiment": "tracking.experiment",
-    "tracking_uri": "tracking.tracking_uri", "min_np": "elastic.min_np", "max_np": "elastic.max_np",
-    "checkpoint_dir": "elastic.checkpoint_dir",
+    "model": "train.model", "batch_size": "data.batch_size", "dataset": "data.dataset",
+    "experiment": "tracking.experiment", "tracking_uri": "tracking.tracking_uri", "min_np": "elastic.min_np",
+    "max_np": "elastic.max_np", "checkpoint_dir": "elastic.checkpoint_dir",
 }
 
 

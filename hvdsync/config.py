@@ -24,7 +24,6 @@ from hvdsync.core.schemes import MODES
 
 FRAMEWORKS = ("torch", "tensorflow")
 REDUCE_OPS = ("average", "sum", "adasum")
-DATASETS = ("digits", "synthetic")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCALING = ("none", "linear")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -57,6 +56,31 @@ def _number(name: str, value: Any, low: float, high: float | None = None, low_op
         lo = f"> {low}" if low_open else f">= {low}"
         hi = "" if high is None else f" and < {high}"
         _fail(name, value, f"expected a number {lo}{hi}")
+
+
+def _registered(registry: Any, name: str, value: Any, framework: str | None = None) -> None:
+    """``value`` must be a name in ``registry`` (:mod:`hvdsync.registry`), for ``framework`` where models are."""
+    from hvdsync.registry import RegistryError
+
+    if not isinstance(value, str):
+        _fail(name, value, "expected a registered name")
+    try:
+        registry.check(value, framework)
+    except RegistryError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _import_plugins(name: str, modules: Any) -> None:
+    """Import the user's modules that register models or data sets (in the launcher and again in every worker)."""
+    import importlib
+
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        _fail(name, modules, "expected a list of importable module names, e.g. [mypackage.models]")
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            _fail(name, module, f"it cannot be imported ({exc})")
 
 
 def _bool(name: str, value: Any) -> None:
@@ -134,11 +158,14 @@ class DataConfig:
     """What the workers read.
 
     Args:
-        dataset: ``digits`` (scikit-learn's bundled 8x8 handwritten digits) or ``synthetic`` (made by seed).
+        dataset: a registered data set (:mod:`hvdsync.registry`): ``digits`` (scikit-learn's bundled 8x8
+            handwritten digits), ``digits_images`` (the same as 8x8x1 images), ``synthetic`` (Gaussian clusters made
+            by seed), ``synthetic_images`` (textures of any size made by seed), or one you registered.
         batch_size: samples per rank per optimizer step (split into ``sync.accumulate`` micro-batches).
         test_fraction: share of the data held out for the test accuracy.
         shuffle: reshuffle the global order each epoch (seeded; identical on every rank).
-        synthetic_samples / synthetic_features / synthetic_classes: shape of the synthetic set.
+        synthetic_samples / synthetic_features / synthetic_classes: shape of the synthetic sets.
+        image_size / image_channels: height (= width) and channels of ``synthetic_images``.
     """
 
     dataset: str = "digits"
@@ -148,15 +175,21 @@ class DataConfig:
     synthetic_samples: int = 4096
     synthetic_features: int = 64
     synthetic_classes: int = 10
+    image_size: int = 16
+    image_channels: int = 3
 
     def __post_init__(self) -> None:
-        _choice("data.dataset", self.dataset, DATASETS)
+        from hvdsync.registry import DATASETS
+
+        _registered(DATASETS, "data.dataset", self.dataset)
         _int("data.batch_size", self.batch_size, 1)
         _number("data.test_fraction", self.test_fraction, 0.0, 1.0, low_open=True)
         _bool("data.shuffle", self.shuffle)
         _int("data.synthetic_samples", self.synthetic_samples, 2)
         _int("data.synthetic_features", self.synthetic_features, 1)
         _int("data.synthetic_classes", self.synthetic_classes, 2)
+        _int("data.image_size", self.image_size, 1)
+        _int("data.image_channels", self.image_channels, 1)
 
 
 @dataclass
@@ -165,13 +198,16 @@ class TrainConfig:
 
     Args:
         framework: ``torch`` or ``tensorflow``.
+        model: a model registered for ``framework`` (:mod:`hvdsync.registry`): ``mlp``, ``cnn`` (a small
+            ResNet-style network for image data sets), or one you registered.
+        plugins: modules to import first (in the launcher and in every worker) that register models or data sets.
         np: number of Horovod worker processes the launcher starts.
         epochs: passes over the training set.
         lr: learning rate for the global batch (see ``lr_scaling``).
         lr_scaling: ``none`` keeps ``lr``; ``linear`` multiplies it by the number of workers (the usual rule when
             the global batch grows with the workers).
         optimizer: ``sgd`` (with ``momentum``) or ``adam``.
-        hidden: width of the MLP's hidden layer.
+        hidden: width of the MLP's hidden layer (the CNN's channels: a multiple of 4).
         seed: the one global seed; per-rank seeds are derived from it.
         deterministic: ask the framework for deterministic kernels (slower; bit-reproducible runs).
         precision: ``fp32``; ``fp16`` (autocast / Keras ``mixed_float16`` with dynamic loss scaling; a step whose
@@ -179,6 +215,8 @@ class TrainConfig:
     """
 
     framework: str = "torch"
+    model: str = "mlp"
+    plugins: list = field(default_factory=list)
     np: int = 2
     epochs: int = 10
     lr: float = 0.1
@@ -193,6 +231,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _choice("train.framework", self.framework, FRAMEWORKS)
         _choice("train.precision", self.precision, PRECISIONS)
+        _import_plugins("train.plugins", self.plugins)
+        from hvdsync.registry import MODELS
+
+        _registered(MODELS, "train.model", self.model, self.framework)
         _int("train.np", self.np, 1, 64)
         _int("train.epochs", self.epochs, 1)
         _number("train.lr", self.lr, 0.0, low_open=True)
@@ -346,6 +388,10 @@ class Config:
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "Config":
         """Build from a nested mapping; unknown sections or fields are errors that list the known ones."""
         raw = dict(raw or {})
+        train = raw.get("train")
+        if isinstance(train, Mapping) and "plugins" in train:
+            # First: a plugin may register the data set that the data section names.
+            _import_plugins("train.plugins", train["plugins"])
         sections = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(sections))
         if unknown:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.loop import FitResult
 from hvdsync.core.progress import PROGRESS_ENV
+from hvdsync.core.runtime import apply_horovod_env
 
 # Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -177,7 +178,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         fn: a picklable function (module-level, or defined in a notebook: cloudpickle sends it by value).
         np: number of worker processes.
         sync: a :class:`~hvdsync.config.SyncConfig` whose Horovod knobs (fusion threshold, cycle time, cache)
-            the workers get as environment variables.
+            the workers get as environment variables (a variable already set in this environment wins).
         env: extra environment variables for the workers.
         quiet: keep worker output in ``<log_dir>/workers.log`` instead of this terminal.
         progress: show rank 0's progress (from :class:`hvdsync.core.progress.Progress`) as a bar here.
@@ -200,9 +201,12 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path, progress_path = log_dir / "workers.log", log_dir / "progress.jsonl"
-    # Quiet defaults only where the user has not set the variable; then the config's knobs; then ``env``.
+    # Quiet defaults and the config's knobs only where the user's environment has not set the variable (the rule
+    # of hvdsync.core.runtime.apply_horovod_env, which a worker's init applies again); then ``env``.
     defaults = {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
-    worker_env = {**defaults, **(sync.horovod_env() if sync is not None else {}), **(env or {})}
+    knobs = {d.name: d.applied for d in apply_horovod_env(sync, dict(os.environ)) if d.source == "config"} \
+        if sync is not None else {}
+    worker_env = {**defaults, **knobs, **(env or {})}
     if progress:
         progress_path.write_text("")
         worker_env[PROGRESS_ENV] = str(progress_path)
@@ -226,7 +230,8 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
                                          start_timeout=start_timeout, **where)
         except Exception as exc:
             log.flush()
-            raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n{_tail(log_path)}") from None
+            raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n"
+                              f"{_tail(log_path)}") from None
         finally:
             stop.set()
             if progress:

@@ -124,7 +124,7 @@ def experiments(cfg_dict, delays_ms):
     timing = cfg.replace(train={"epochs": 2})
     out["runs"] = []
     for delay in delays_ms:
-        slow = (lambda epoch, step: time.sleep(delay / 1000)) if info.rank == 1 else None
+        slow = (lambda epoch, step, delay=delay: time.sleep(delay / 1000)) if info.rank == 1 else None
         result = ht.fit(timing, data=data, before_step=slow)
         out["runs"].append({"delay_ms": delay, "steps": result.optimizer_steps, "phase_seconds": result.phase_seconds,
                             "samples_per_second": result.samples_per_second})

@@ -233,7 +233,7 @@ def experiments(cfg_dict, lr_variants):
             yield record
 
     def to_the_end(run):
-        for record in run:
+        for record in run:  # noqa: B007 - the last record is the result
             pass
         return record
 

@@ -1,25 +1,36 @@
-"""The training loop both frameworks share.
+"""The training loop both frameworks share: it consumes *steps*, whatever the model, loss and data.
 
-An adapter hands the loop a :class:`Backend` (its model, optimizer and Horovod calls behind five methods); the
-loop owns everything that is the same in PyTorch and TensorFlow: the shard plan, the loss scale, epochs, metrics
-gathered across ranks, the MLflow run record, progress on rank 0 and the cross-rank parameter check.
+An adapter hands the loop a :class:`Backend` (the user's model, loss and optimizer behind a few methods) and a
+:class:`StepSource` (``epoch_steps(epoch, start)`` yields this rank's ``(micro_batches, step)`` per optimizer step:
+numpy arrays from :class:`hvdsync.core.loader.PlanLoader`, or the batches of a user's ``DataLoader`` read through
+``hvdsync.torch.PlanSampler``). Evaluation is a function the user may pass. The loop owns what is the same in
+PyTorch and TensorFlow: epochs and the plan position (resumable), the loss scale, metrics gathered across ranks, the
+MLflow run record, progress on rank 0, the cross-rank parameter check, and the callbacks that other features plug
+into (:class:`Callback`: tracking, profiling, monitoring, elastic commits, communication schemes).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from hvdsync.core import monitor
 from hvdsync.core.codecs import WireCounter
 from hvdsync.core.data import Dataset
+from hvdsync.core.loader import PlanLoader
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.progress import Progress
+from hvdsync.core.runtime import applied_params
 from hvdsync.core.scaling import loss_scale
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.core.sharding import PlanState, ShardPlan, Step
 from hvdsync.core.tracking import Tracker, make_tracker
+
+# What an evaluation returns: per metric, this rank's (sum, count); the loop sums both over ranks and divides, so the
+# result is the metric over all ranks' samples. A plain float counts as (value, 1): the mean over ranks.
+Evaluation = Mapping[str, "float | tuple[float, float]"]
 
 
 class Backend(Protocol):
@@ -31,12 +42,9 @@ class Backend(Protocol):
     wire: WireCounter
     timer: PhaseTimer
 
-    def train_step(self, micro: list[tuple[np.ndarray, np.ndarray]], scale: float) -> float:
-        """One optimizer step over ``micro`` batches; each summed loss is multiplied by ``scale`` before backward.
-        Returns the unscaled sum of per-sample losses over this rank's samples."""
-
-    def count_correct(self, x: np.ndarray, y: np.ndarray) -> int:
-        """Correct predictions on ``x``."""
+    def train_step(self, micro: list, scale: float) -> float:
+        """One optimizer step over ``micro`` batches (``(x, y)`` pairs); each micro-batch's summed loss is
+        multiplied by ``scale`` before backward. Returns the unscaled sum of per-sample losses on this rank."""
 
     def allgather(self, values: np.ndarray) -> np.ndarray:
         """All ranks' ``values`` stacked: shape ``(size, *values.shape)``."""
@@ -47,6 +55,15 @@ class Backend(Protocol):
     @property
     def grad_tensors(self) -> int:
         """Gradient tensors per all-reduce round (to turn counted tensors into rounds)."""
+
+
+class StepSource(Protocol):
+    """This rank's steps: ``plan`` (a :class:`ShardPlan` for this world) and ``epoch_steps``."""
+
+    plan: ShardPlan
+
+    def epoch_steps(self, epoch: int, start: int = 0) -> Iterable[tuple[list, Step]]:
+        """``(micro_batches, step)`` per optimizer step of ``epoch``, from global sample offset ``start``."""
 
 
 @dataclass
@@ -68,108 +85,287 @@ class FitResult:
     param_spread: float = 0.0
     phase_seconds: dict = field(default_factory=dict)
     run_id: str | None = None
+    # Where training stopped in the plan (``PlanState.to_dict()``): what a resumed job continues from.
+    plan_state: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
-        return (f"{self.framework} x{self.world_size}: test accuracy {self.test_accuracy:.4f} after {self.epochs} "
+        accuracy = "n/a" if math.isnan(self.test_accuracy) else f"{self.test_accuracy:.4f}"
+        return (f"{self.framework} x{self.world_size}: test accuracy {accuracy} after {self.epochs} "
                 f"epochs in {self.total_seconds:.1f}s ({self.samples_per_second:.0f} samples/s), "
                 f"{self.wire.get('bytes', 0) / 1e6:.2f} MB handed to allreduce per rank "
                 f"({', '.join(self.wire.get('dtypes', [])) or 'none'}), params equal across ranks: "
                 f"{self.param_spread == 0.0}" + (f", MLflow run {self.run_id}" if self.run_id else ""))
 
 
-def _evaluate(backend: Backend, data: Dataset) -> tuple[int, int]:
-    # Each rank scores its own slice of the test set; the counts are summed across ranks by the caller.
-    x, y = data.x_test[backend.rank::backend.size], data.y_test[backend.rank::backend.size]
-    return (backend.count_correct(x, y) if len(x) else 0), len(x)
+@dataclass
+class TrainContext:
+    """What a :class:`Callback` sees; the loop updates it in place.
+
+    Attributes:
+        epoch: the current epoch; step: optimizer steps done in this epoch (counting those before a resume).
+        global_step: optimizer steps done by this run (not counting those before a resume).
+        position: samples of this epoch's global order consumed by all ranks together (the plan position).
+        last_step: the step just taken (``Step``: its micro index arrays, ``global_count``); None before the first.
+        metrics: after a step ``{"loss": mean loss of the step on this rank}``; after an epoch the epoch's metrics
+            (gathered over ranks, identical on every rank).
+        stop_training: set it to True to end training after the current step (on every rank alike: collectives
+            must stay matched).
+        status: ``RUNNING``, then ``FINISHED`` or ``FAILED`` in ``on_train_end``.
+    """
+
+    cfg: Any
+    backend: Backend
+    tracker: Tracker
+    plan: ShardPlan
+    result: FitResult
+    rank: int
+    size: int
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    position: int = 0
+    last_step: Step | None = None
+    metrics: dict = field(default_factory=dict)
+    stop_training: bool = False
+    status: str = "RUNNING"
+
+    @property
+    def plan_state(self) -> PlanState:
+        """The resumable position: (epoch, samples consumed), rolled over at the end of an epoch."""
+        return PlanState(self.epoch, 0).advanced(self.plan, self.position)
 
 
-def fit_loop(cfg, backend: Backend, data: Dataset, tracker: Tracker | None = None,
-             before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None) -> FitResult:
-    """Train ``backend`` on ``data`` as ``cfg`` says; returns this rank's :class:`FitResult`.
+class Callback:
+    """Hooks into :func:`fit_loop`. Subclass and override what you need; every hook gets the :class:`TrainContext`.
+
+    Hooks run on every rank, in the order the callbacks were given. A hook that makes a collective call (all-reduce,
+    broadcast) must do so on every rank at the same point, or the ranks wait on each other forever.
+
+    Example:
+        >>> class PrintLoss(Callback):
+        ...     def on_epoch_end(self, ctx):
+        ...         if ctx.rank == 0: print(ctx.epoch, ctx.metrics["train_loss"])
+    """
+
+    def on_train_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_epoch_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_step_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_step_end(self, ctx: TrainContext) -> None: ...
+
+    def on_epoch_end(self, ctx: TrainContext) -> None: ...
+
+    def on_train_end(self, ctx: TrainContext) -> None: ...
+
+
+class _Callbacks(Callback):
+    """Calls each hook of every callback in order."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.callbacks = list(callbacks)
+
+    def _each(self, hook: str, ctx: TrainContext) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(ctx)
+
+    def on_train_begin(self, ctx): self._each("on_train_begin", ctx)  # noqa: E704
+
+    def on_epoch_begin(self, ctx): self._each("on_epoch_begin", ctx)  # noqa: E704
+
+    def on_step_begin(self, ctx): self._each("on_step_begin", ctx)  # noqa: E704
+
+    def on_step_end(self, ctx): self._each("on_step_end", ctx)  # noqa: E704
+
+    def on_epoch_end(self, ctx): self._each("on_epoch_end", ctx)  # noqa: E704
+
+    def on_train_end(self, ctx): self._each("on_train_end", ctx)  # noqa: E704
+
+
+class BeforeStep(Callback):
+    """``fn(epoch, step)`` before every step on every rank (teaching hooks, e.g. a slow rank in notebook 01)."""
+
+    def __init__(self, fn: Callable[[int, int], None]) -> None:
+        self.fn = fn
+
+    def on_step_begin(self, ctx: TrainContext) -> None:
+        self.fn(ctx.epoch, ctx.step)
+
+
+def array_evaluator(backend: Any, data: Dataset) -> Callable[[], Evaluation]:
+    """Accuracy on ``data``'s test arrays: each rank scores its slice ``rank::size`` (``backend.count_correct``)."""
+
+    def evaluate() -> Evaluation:
+        x, y = data.x_test[backend.rank::backend.size], data.y_test[backend.rank::backend.size]
+        return {"test_accuracy": (backend.count_correct(x, y) if len(x) else 0, len(x))}
+
+    return evaluate
+
+
+def plan_for(cfg: Any, dataset_size: int, world_size: int) -> ShardPlan:
+    """The shard plan ``cfg`` describes for ``dataset_size`` samples on ``world_size`` ranks."""
+    return ShardPlan(dataset_size, world_size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed,
+                     cfg.data.shuffle)
+
+
+def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evaluation) -> dict[str, float]:
+    """One all-gather for the epoch's numbers. Every rank must return the same evaluation keys."""
+    names = sorted(evaluation)
+    pairs = [v if isinstance(v, (tuple, list)) else (float(v), 1.0) for v in (evaluation[n] for n in names)]
+    row = [local["loss_sum"], local["seen"], local["step_seconds"], local["epoch_seconds"]]
+    row += [float(x) for pair in pairs for x in pair]
+    g = backend.allgather(np.array(row, dtype=np.float64))
+    metrics = {
+        "train_loss": g[:, 0].sum() / max(1.0, g[:, 1].sum()),
+        "epoch_seconds": g[:, 3].max(),
+        "samples_per_second": g[:, 1].sum() / max(1e-9, g[:, 3].max()),
+        "step_seconds_max_rank": g[:, 2].max(),
+        "step_seconds_min_rank": g[:, 2].min(),
+    }
+    for i, name in enumerate(names):
+        total, count = g[:, 4 + 2 * i].sum(), g[:, 5 + 2 * i].sum()
+        metrics[name] = total / count if count else float("nan")
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar: Progress, start: int) -> dict:
+    backend, result, cfg = ctx.backend, ctx.result, ctx.cfg
+    loss_sum, seen, step_times = 0.0, 0, []
+    ctx.position = start
+    ctx.step = ctx.plan.steps_per_epoch() - ctx.plan.steps_per_epoch(start)
+    batches: Iterator = iter(steps.epoch_steps(ctx.epoch, start))
+    while not ctx.stop_training:
+        t = time.perf_counter()
+        with backend.timer.phase("data"):
+            item = next(batches, None)
+        if item is None:
+            break
+        micro, step = item
+        fetched = time.perf_counter() - t
+        callbacks.on_step_begin(ctx)
+        t = time.perf_counter()
+        step_loss = backend.train_step(micro, loss_scale(step.global_count, ctx.size, cfg.sync.op))
+        step_times.append(fetched + time.perf_counter() - t)  # a hook's own time (a slowed rank) is not the step's
+        loss_sum += step_loss
+        seen += step.local_count
+        result.optimizer_steps += 1
+        result.backward_passes += sum(1 for m in step.micro if len(m))
+        ctx.step, ctx.global_step, ctx.position = ctx.step + 1, ctx.global_step + 1, ctx.position + step.global_count
+        ctx.last_step, ctx.metrics = step, {"loss": step_loss / max(1, step.local_count)}
+        bar.update(1, loss=ctx.metrics["loss"])
+        callbacks.on_step_end(ctx)
+    return {"loss_sum": loss_sum, "seen": seen, "step_seconds": float(np.mean(step_times)) if step_times else 0.0}
+
+
+def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
+             evaluate: Callable[[], Evaluation] | None = None, tracker: Tracker | None = None,
+             callbacks: Sequence[Callback] = (), resume: PlanState | None = None,
+             before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
+             params: Mapping[str, Any] | None = None) -> FitResult:
+    """Train ``backend`` on ``steps`` as ``cfg`` says; returns this rank's :class:`FitResult`.
 
     Args:
-        cfg: a :class:`hvdsync.config.Config`.
-        backend: the adapter's backend (model, optimizer, Horovod calls).
-        data: the dataset (the same arrays on every rank; the plan decides what each rank reads).
+        cfg: a :class:`hvdsync.config.Config` (epochs, loss-scale op, tracking).
+        backend: the adapter's backend (the user's model, loss and optimizer; Horovod calls).
+        steps: a :class:`StepSource`; a :class:`~hvdsync.core.data.Dataset` is read through a
+            :class:`~hvdsync.core.loader.PlanLoader` with the plan ``cfg`` describes (then ``evaluate`` defaults to
+            the test accuracy by ``backend.count_correct``).
+        evaluate: called on every rank after each epoch; returns ``{metric: (sum, count)}`` over this rank's share
+            (or plain floats, averaged over ranks). None: no evaluation.
         tracker: defaults to MLflow on rank 0 when ``cfg.tracking.enabled``.
-        before_step: called as ``before_step(epoch, step)`` on every rank before each step (teaching hooks,
-            e.g. an artificially slow rank in notebook 01).
+        callbacks: :class:`Callback` objects (tracking, profiling, elastic commits, ... plug in here).
+        resume: start from this plan position (e.g. ``PlanSampler.state_dict()`` or an elastic commit).
+        before_step: ``before_step(epoch, step)`` on every rank before each step (shorthand for a callback).
+        params: run parameters to record; default ``cfg.flat()`` with Horovod's knobs as this worker's environment
+            holds them (:func:`hvdsync.core.runtime.applied_params`): the record claims only settings that applied.
+
+    Example:
+        >>> result = fit_loop(cfg, backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
     """
     rank, size = backend.rank, backend.size
-    plan = ShardPlan(len(data.x_train), size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed,
-                     cfg.data.shuffle)
+    if isinstance(steps, Dataset):
+        data = steps
+        steps = PlanLoader(data.x_train, data.y_train, plan_for(cfg, len(data.x_train), size), rank)
+        evaluate = evaluate if evaluate is not None else array_evaluator(backend, data)
+    plan = steps.plan
+    if plan.world_size != size:
+        raise ValueError(f"steps: a plan for {plan.world_size} ranks is not allowed in a world of {size}; "
+                         f"build the plan (or PlanSampler) with world_size={size}")
+    resume = resume or PlanState()
     tracker = tracker if tracker is not None else make_tracker(cfg.tracking, rank)
-    tracker.start(params={**cfg.flat(), "world_size": size}, tags={"framework": backend.framework})
-    bar = Progress(cfg.train.epochs * plan.steps_per_epoch(), rank,
+    tracker.start(params={**(params if params is not None else applied_params(cfg)), "world_size": size},
+                  tags={"framework": backend.framework})
+    first_epoch_steps = plan.steps_per_epoch(resume.consumed)
+    total = first_epoch_steps + max(0, cfg.train.epochs - resume.epoch - 1) * plan.steps_per_epoch()
+    bar = Progress(total if resume.epoch < cfg.train.epochs else 0, rank,
                    desc=progress_desc or f"{backend.framework} x{size}")
-    result = FitResult(backend.framework, size, rank, cfg.train.epochs, 0.0)
+    result = FitResult(backend.framework, size, rank, cfg.train.epochs, float("nan"))
+    ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed)
+    hooks = _Callbacks(list(callbacks) + ([BeforeStep(before_step)] if before_step is not None else []))
     start = time.perf_counter()
     try:
-        for epoch in range(cfg.train.epochs):
+        hooks.on_train_begin(ctx)
+        for epoch in range(resume.epoch, cfg.train.epochs):
+            ctx.epoch = epoch
+            hooks.on_epoch_begin(ctx)
             epoch_start = time.perf_counter()
-            loss_sum, seen, step_times = 0.0, 0, []
-            for i, step in enumerate(plan.epoch(epoch, rank)):
-                if before_step is not None:
-                    before_step(epoch, i)
-                t = time.perf_counter()
-                with backend.timer.phase("data"):
-                    micro = [(data.x_train[idx], data.y_train[idx]) for idx in step.micro]
-                scale = loss_scale(step.global_count, size, cfg.sync.op)
-                step_loss = backend.train_step(micro, scale)
-                loss_sum += step_loss
-                seen += step.local_count
-                result.optimizer_steps += 1
-                result.backward_passes += len(step.micro)
-                step_times.append(time.perf_counter() - t)
-                bar.update(1, loss=step_loss / max(1, step.local_count))
-            correct, n_test = _evaluate(backend, data)
-            epoch_seconds = time.perf_counter() - epoch_start
-            g = backend.allgather(np.array([loss_sum, seen, correct, n_test, float(np.mean(step_times)),
-                                            epoch_seconds], dtype=np.float64))
-            metrics = {
-                "train_loss": g[:, 0].sum() / max(1.0, g[:, 1].sum()),
-                "test_accuracy": g[:, 2].sum() / max(1.0, g[:, 3].sum()),
-                "epoch_seconds": g[:, 5].max(),
-                "samples_per_second": g[:, 1].sum() / max(1e-9, g[:, 5].max()),
-                "step_seconds_max_rank": g[:, 4].max(),
-                "step_seconds_min_rank": g[:, 4].min(),
-            }
-            result.history.append({"epoch": epoch, **{k: float(v) for k, v in metrics.items()}})
-            tracker.log_metrics(metrics, step=epoch)
-        result.total_seconds = time.perf_counter() - start
-        result.test_accuracy = result.history[-1]["test_accuracy"]
-        # Samples over wall time of the whole run (not a mean of per-epoch rates, which a slow first epoch, e.g.
-        # TensorFlow tracing its graphs, would skew either way).
-        samples = sum(h["samples_per_second"] * h["epoch_seconds"] for h in result.history)
-        result.samples_per_second = samples / max(1e-9, result.total_seconds)
-        result.wire = backend.wire.snapshot()
-        result.allreduce_rounds = result.wire["tensors"] / max(1, backend.grad_tensors)
-        result.param_spread = monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters())))
-        result.phase_seconds = backend.timer.summary()
-        tracker.log_metrics({"final_test_accuracy": result.test_accuracy, "wire_bytes": result.wire["bytes"],
-                             "allreduce_rounds": result.allreduce_rounds, "total_seconds": result.total_seconds},
-                            step=cfg.train.epochs)
-        tracker.finish("FINISHED")
-        result.run_id = tracker.run_id
+            local = _train_epoch(ctx, steps, hooks, bar, resume.consumed if epoch == resume.epoch else 0)
+            evaluation = evaluate() if evaluate is not None else {}
+            local["epoch_seconds"] = time.perf_counter() - epoch_start
+            ctx.metrics = _gather_metrics(backend, local, evaluation)
+            result.history.append({"epoch": epoch, **ctx.metrics})
+            tracker.log_metrics(ctx.metrics, step=epoch)
+            hooks.on_epoch_end(ctx)
+            if ctx.stop_training:
+                break
+        _finish(ctx, start)
+        ctx.status = "FINISHED"
         return result
     except BaseException:
-        tracker.finish("FAILED")
+        ctx.status = "FAILED"
         raise
     finally:
         bar.close()
+        try:
+            hooks.on_train_end(ctx)
+        finally:
+            tracker.finish(ctx.status)
+
+
+def _finish(ctx: TrainContext, start: float) -> None:
+    result, backend = ctx.result, ctx.backend
+    result.total_seconds = time.perf_counter() - start
+    result.test_accuracy = result.history[-1].get("test_accuracy", float("nan")) if result.history else float("nan")
+    # Samples over wall time of the whole run (not a mean of per-epoch rates, which a slow first epoch, e.g.
+    # TensorFlow tracing its graphs, would skew either way).
+    samples = sum(h["samples_per_second"] * h["epoch_seconds"] for h in result.history)
+    result.samples_per_second = samples / max(1e-9, result.total_seconds)
+    result.wire = backend.wire.snapshot()
+    result.allreduce_rounds = result.wire["tensors"] / max(1, backend.grad_tensors)
+    result.param_spread = monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters())))
+    result.phase_seconds = backend.timer.summary()
+    result.plan_state = ctx.plan_state.to_dict()
+    final = {"wire_bytes": result.wire["bytes"], "allreduce_rounds": result.allreduce_rounds,
+             "total_seconds": result.total_seconds}
+    if not math.isnan(result.test_accuracy):
+        final["final_test_accuracy"] = result.test_accuracy
+    ctx.tracker.log_metrics(final, step=ctx.cfg.train.epochs)
+    result.run_id = ctx.tracker.run_id
 
 
 def fit_with(init: Callable, build: Callable, cfg=None, data: Dataset | None = None,
-             before_step: Callable[[int, int], None] | None = None) -> FitResult:
-    """What every adapter's ``fit`` does: ``init(cfg)`` the worker, load ``data`` (default: the dataset ``cfg.data``
-    names), ``build(cfg, data)`` its backend and run :func:`fit_loop`. ``cfg`` defaults to ``Config()``."""
+             before_step: Callable[[int, int], None] | None = None, callbacks: Sequence[Callback] = ()) -> FitResult:
+    """What an adapter's ``fit`` does for the built-in path: ``init(cfg)`` the worker, load ``data`` (default: the
+    data set ``cfg.data`` names), ``build(cfg, data)`` its backend and run :func:`fit_loop`. ``cfg`` defaults to
+    ``Config()``."""
     from hvdsync.config import Config  # here, not at the top: hvdsync.config imports the core
     from hvdsync.core.data import load
 
     cfg = cfg or Config()
     init(cfg)
     data = data if data is not None else load(cfg.data, cfg.train.seed)
-    return fit_loop(cfg, build(cfg, data), data, before_step=before_step)
+    return fit_loop(cfg, build(cfg, data), data, before_step=before_step, callbacks=callbacks)

@@ -11,9 +11,9 @@ from its left one. Each rank's buffer is cut into n chunks and
    its copy; after n-1 hops every rank holds every summed chunk.
 
 Every rank sends 2(n-1) chunks of S/n bytes: ``2 (n-1)/n * S`` in total, which is below 2S whatever n is, and no
-rank sends more than another (exactly when n divides the buffer; otherwise chunks differ by one element). A central parameter server instead receives n*S and sends n*S: its link carries
-traffic that grows with n, which is why it becomes the bottleneck. Notebook 05 walks through both and measures the
-real thing through Horovod.
+rank sends more than another (exactly when n divides the buffer; otherwise chunks differ by one element). A central
+parameter server instead receives n*S and sends n*S: its link carries traffic that grows with n, which is why it
+becomes the bottleneck. Notebook 05 walks through both and measures the real thing through Horovod.
 
 Example:
     >>> import numpy as np

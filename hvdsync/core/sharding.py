@@ -117,6 +117,42 @@ class ShardPlan:
         return ShardPlan(self.dataset_size, world_size, self.batch_size, self.accumulate, self.seed, self.shuffle)
 
 
+@dataclass(frozen=True)
+class PlanState:
+    """Where a job is in the plan: ``epoch`` and the samples of that epoch's global order already ``consumed`` (by all
+    ranks together). Framework-free and independent of the world size, so a job resumed with another number of
+    workers continues the epoch with exactly the unread samples: ``plan.resized(n).epoch(epoch, rank, consumed)``.
+
+    It is what ``hvdsync.torch.PlanSampler.state_dict()`` holds and what an elastic commit stores.
+    """
+
+    epoch: int = 0
+    consumed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("epoch", "consumed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"PlanState.{name}: {value!r} is not allowed; expected an integer >= 0")
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": int(self.epoch), "consumed": int(self.consumed)}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "PlanState":
+        unknown = sorted(set(state) - {"epoch", "consumed"})
+        if unknown:
+            raise ValueError(f"PlanState.{unknown[0]}: unknown field; known fields: consumed, epoch")
+        return cls(int(state.get("epoch", 0)), int(state.get("consumed", 0)))
+
+    def advanced(self, plan: ShardPlan, samples: int) -> "PlanState":
+        """The state after ``samples`` more were consumed; rolls over to the next epoch at the end of one."""
+        consumed = self.consumed + samples
+        if consumed >= plan.dataset_size:
+            return PlanState(self.epoch + 1, 0)
+        return PlanState(self.epoch, consumed)
+
+
 def naive_shards(dataset_size: int, world_size: int, rank: int, seed: int | None) -> np.ndarray:
     """What goes wrong without a global plan: each rank shuffles on its own seed and takes every W-th sample.
 

@@ -19,3 +19,11 @@ def local_optimizer(cfg, model: keras.Model, lr: float) -> keras.optimizers.Opti
         optimizer = keras.optimizers.SGD(learning_rate=lr, momentum=cfg.train.momentum)
     optimizer.build(model.trainable_variables)
     return optimizer
+
+
+def build_mlp(cfg, data) -> keras.Model:
+    """``train.model: mlp`` (:mod:`hvdsync.registry`): ``train.hidden`` units; image samples are flattened first."""
+    model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
+    if len(data.input_shape) == 1:
+        return model
+    return keras.Sequential([keras.Input(data.input_shape), keras.layers.Flatten(), *model.layers])

@@ -16,7 +16,8 @@ from hvdsync.core import data as datasets
 from hvdsync.core.loop import FitResult, fit_with
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
-from hvdsync.tensorflow.models import local_optimizer, mlp
+from hvdsync.registry import build_model
+from hvdsync.tensorflow.models import local_optimizer
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer
 from hvdsync.tensorflow.runtime import init
 
@@ -91,7 +92,7 @@ class TensorFlowBackend:
 def build(cfg, data: datasets.Dataset, broadcast: bool = True) -> TensorFlowBackend:
     """The Keras model, its local optimizer (learning rate scaled per ``train.lr_scaling``), wrapped for Horovod;
     ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
-    model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
+    model = build_model(cfg, data, "tensorflow")
     optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
     return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast)
 

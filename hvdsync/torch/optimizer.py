@@ -1,4 +1,4 @@
-"""Horovod's DistributedOptimizer configured from :class:`hvdsync.config.SyncConfig`, and the rank-0 broadcast."""
+"""Horovod's DistributedOptimizer with hvdsync's codecs and counters, and the rank-0 broadcast."""
 from __future__ import annotations
 
 import horovod.torch as hvd
@@ -9,22 +9,46 @@ from hvdsync.core.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
 
 
-def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, sync,
+def _sync_config(sync, compression: str | None, accumulate: int | None, op: str | None):
+    """A :class:`~hvdsync.config.SyncConfig` from ``sync`` with the keyword arguments that were given winning;
+    validated like a config (a bad value fails with the field's name)."""
+    import dataclasses
+
+    from hvdsync.config import SyncConfig  # here: hvdsync.config imports the core, not the adapters
+
+    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op)) if v is not None}
+    return SyncConfig(**{**dataclasses.asdict(sync if sync is not None else SyncConfig()), **given})
+
+
+def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None, sync=None, *,
+                          compression: str | None = None, accumulate: int | None = None, op: str | None = None,
                           counter: WireCounter | None = None, seed: int = 0) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` so that gradients are ring-all-reduced by Horovod.
+    """Wrap ``optimizer`` so that gradients are all-reduced by Horovod (like ``hvd.DistributedOptimizer``).
 
     Args:
-        optimizer: the local optimizer over ``model.parameters()``.
-        model: the model (its parameter names label Horovod's tensors, which helps in timelines).
-        sync: a :class:`~hvdsync.config.SyncConfig`: compression, ``accumulate`` (Horovod's
-            ``backward_passes_per_step``: gradients are summed locally and all-reduced once per ``accumulate``
-            backward passes) and the reduce ``op``.
+        optimizer: the local optimizer over the model's parameters.
+        model: the model; its parameter names label Horovod's tensors (which helps in timelines). Optional for
+            cast codecs; the codecs that change a gradient's shape and the other sync modes need it.
+        sync: a :class:`~hvdsync.config.SyncConfig` (optional; the keyword arguments below win over it).
+        compression: codec on the wire (``none``, ``fp16``, ``topk:0.01``, ...; :mod:`hvdsync.core.codecs`).
+        accumulate: backward passes per all-reduce (Horovod's ``backward_passes_per_step``: gradients are summed
+            locally and all-reduced once per ``accumulate`` passes).
+        op: ``average``, ``sum`` or ``adasum``.
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
     A ``sync.mode`` other than ``allreduce`` (parameter server, gossip) gets its optimizer from the registry in
     :mod:`hvdsync.torch.schemes` instead.
+
+    Example:
+        >>> opt = distributed_optimizer(torch.optim.SGD(model.parameters(), 0.1), model,   # doctest: +SKIP
+        ...                             compression="fp16", accumulate=4)
     """
+    sync = _sync_config(sync, compression, accumulate, op)
+    needs_model = getattr(sync, "mode", "allreduce") != "allreduce" or not get_codec(sync.compression).cast
+    if model is None and needs_model:
+        raise ValueError(f"model: distributed_optimizer(compression={sync.compression!r}, "
+                         f"mode={getattr(sync, 'mode', 'allreduce')!r}) needs the model")
     if getattr(sync, "mode", "allreduce") != "allreduce":
         from hvdsync.torch.schemes import scheme_optimizer
 
@@ -36,7 +60,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     # ---- end of the codec dispatch
     return hvd.DistributedOptimizer(
         optimizer,
-        named_parameters=model.named_parameters(),
+        named_parameters=list(model.named_parameters()) if model is not None else None,
         compression=CodecCompressor(sync.compression, counter),
         backward_passes_per_step=sync.accumulate,
         op=getattr(hvd, REDUCE_OP_NAMES[sync.op]),

@@ -6,11 +6,15 @@ import torch
 
 from hvdsync.core import seeding
 from hvdsync.core.observe import prepare_timeline
-from hvdsync.core.runtime import WorkerInfo
+from hvdsync.core.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
 
 def init(cfg=None) -> WorkerInfo:
     """Initialise Horovod and seed this worker from ``cfg.train`` (defaults if ``cfg`` is None).
+
+    Horovod's knobs (``cfg.sync.horovod_env()``: fusion threshold, cycle time, cache) go into the environment just
+    before ``hvd.init()`` reads them, unless the user's environment already sets them (then that value wins, and
+    rank 0 says so once): a plain ``horovodrun`` script gets what the config says, as under hvdsync's launcher.
 
     Every rank seeds torch with the *global* seed (so models start identical, as a 1-worker run would) and Python
     and numpy with its *rank* seed (for what should differ between ranks). Where CUDA is available each worker is
@@ -22,7 +26,9 @@ def init(cfg=None) -> WorkerInfo:
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
     prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
+    knobs = apply_horovod_env(cfg.sync)
     hvd.init()
+    report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
     if torch.cuda.is_available():
         # One GPU per worker: the local rank picks it (Horovod's first rule; NCCL then all-reduces GPU tensors).

@@ -1,41 +1,85 @@
-"""``fit`` for PyTorch: a :class:`TorchBackend` (model, Horovod optimizer) driven by the shared loop.
+"""``fit`` for PyTorch: the user's model, loss, optimizer and data (or hvdsync's registered ones) driven by the
+shared loop (:func:`hvdsync.core.loop.fit_loop`) through a :class:`TorchBackend`.
 
 Launch with hvdsync's launcher (``hvdsync train --framework torch --np 2``) or inside any Horovod job::
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/train_torch.py
+    horovodrun -np 2 -H localhost:2 --gloo python examples/train_torch_cnn.py
 """
 from __future__ import annotations
+
+from typing import Any, Callable, Sequence
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from hvdsync.core import data as datasets
 from hvdsync.core import seeding
 from hvdsync.core.codecs import WireCounter
-from hvdsync.core.loop import FitResult, fit_with
+from hvdsync.core.loop import Callback, FitResult, fit_loop
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
-from hvdsync.torch.models import local_optimizer, mlp
+from hvdsync.core.sharding import PlanState
+from hvdsync.registry import build_model
+from hvdsync.torch.data import LoaderSteps, PlanSampler
+from hvdsync.torch.evaluate import dataset_evaluator
+from hvdsync.torch.models import local_optimizer
 from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
 from hvdsync.torch.precision import MixedPrecision
 from hvdsync.torch.runtime import device, init
 
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def check_same_model(model: torch.nn.Module) -> None:
+    """Fail on every rank, before any training, when the ranks built models with different parameters.
+
+    Horovod pairs the ranks' gradient tensors by name and shape; a model that differs between ranks (a size read
+    from a rank-local file, a layer built only on rank 0) would otherwise hang in the first all-reduce or fail deep
+    inside Horovod.
+    """
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    mine = torch.tensor([[len(shapes), sum(int(np.prod(s)) for s in shapes), hash(tuple(shapes)) % (2 ** 31)]],
+                        dtype=torch.int64)
+    every = hvd.allgather(mine, name="hvdsync.model_check").tolist()
+    if any(row != every[0] for row in every):
+        per_rank = "; ".join(f"rank {r}: {row[0]} tensors, {row[1]:,} numbers" for r, row in enumerate(every))
+        raise ValueError(f"model: the parameters differ between ranks ({per_rank}); every rank must build the same "
+                         "model (same layers and sizes) before training")
+
 
 class TorchBackend:
-    """The PyTorch side of :class:`hvdsync.core.loop.Backend`."""
+    """The PyTorch side of :class:`hvdsync.core.loop.Backend`: any ``nn.Module``, loss and local optimizer.
+
+    Args:
+        model: the model.
+        optimizer: the *local* optimizer over its parameters (wrapped here for Horovod), or one already wrapped
+            with ``hvd.DistributedOptimizer`` (then its traffic is not counted).
+        sync: a :class:`~hvdsync.config.SyncConfig` (compression, accumulate, op).
+        loss: ``loss(outputs, targets)``, the *mean* over the batch (PyTorch's default ``reduction="mean"``);
+            default cross-entropy.
+        precision: ``fp32``, ``fp16`` or ``bf16`` (:class:`~hvdsync.torch.precision.MixedPrecision`).
+        seed: the global seed for the codecs' shared random choices.
+    """
 
     framework = "torch"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync, precision: str = "fp32",
-                 seed: int = 0, broadcast: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync=None,
+                 loss: Loss | None = None, precision: str = "fp32", seed: int = 0, broadcast: bool = True) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
+        if broadcast:  # an elastic job makes no collective call before its loop (its state's sync checks instead)
+            check_same_model(model)
         self.device = device()
         self.model = model.to(self.device)
+        self.loss = loss if loss is not None else F.cross_entropy
         self.wire = WireCounter()
         self.timer = PhaseTimer()
-        self.optimizer = distributed_optimizer(optimizer, model, sync, self.wire, seed)
+        wrapped = hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")
+        self.optimizer = optimizer if wrapped else distributed_optimizer(optimizer, model, sync, counter=self.wire,
+                                                                         seed=seed)
         self.precision = MixedPrecision(precision, self.device)  # autocast, loss scale, rank-consistent skip
         self.precision.attach(self.optimizer)
         if broadcast:  # an elastic job broadcasts in its state's first sync instead (hvdsync.torch.elastic)
@@ -50,20 +94,28 @@ class TorchBackend:
     def grad_tensors(self) -> int:
         return sum(1 for p in self.model.parameters() if p.requires_grad)
 
+    def _to_device(self, value: Any) -> torch.Tensor:
+        return torch.as_tensor(value).to(self.device, non_blocking=True)
+
     def train_step(self, micro, scale: float) -> float:
         self.optimizer.zero_grad()
         total = 0.0
         for x, y in micro:
+            n = len(y)
+            if n == 0:  # nothing to read on this rank in this micro-batch; the all-reduce below still joins in
+                continue
             with self.timer.phase("compute"):
+                x, y = self._to_device(x), self._to_device(y)
                 with self.precision.autocast():
-                    logits = self.model(torch.as_tensor(x).to(self.device))
-                    loss = F.cross_entropy(logits, torch.as_tensor(y).to(self.device), reduction="sum")
-                # Summed loss times the global-step scale (hvdsync.core.scaling): backward passes *add* into .grad,
-                # so after `accumulate` passes the gradient is the mean over the whole global step.
-                self.precision.backward(loss * scale)
-            total += float(loss.detach())
+                    loss = self.loss(self.model(x), y)
+                # The loss is the micro-batch's mean: times n it is the sum, times `scale` (hvdsync.core.scaling)
+                # each sample weighs 1 / (samples in the global step). Backward passes *add* into .grad, so after
+                # all micro-batches the gradient is the mean over the whole global step, also on a short last step.
+                self.precision.backward(loss * (n * scale))
+            total += float(loss.detach()) * n
         with self.timer.phase("sync_wait"):
             # Horovod started the all-reduce asynchronously from the last backward pass's hooks; wait for it here.
+            # A rank that had fewer (or no) micro-batches submits its gradients (zeros where none) now.
             self.optimizer.synchronize()
         with self.timer.phase("update"):
             self.precision.step(self.optimizer)  # skipped on every rank if any rank's fp16 gradients overflowed
@@ -73,7 +125,7 @@ class TorchBackend:
     def count_correct(self, x: np.ndarray, y: np.ndarray) -> int:
         self.model.eval()
         try:
-            logits = self.model(torch.as_tensor(x).to(self.device))
+            logits = self.model(self._to_device(x))
             return int((logits.argmax(dim=1).cpu() == torch.as_tensor(y)).sum())
         finally:
             self.model.train()
@@ -92,20 +144,77 @@ class TorchBackend:
         return float(torch.stack(grads).norm()) if grads else 0.0
 
 
-def build(cfg, data: datasets.Dataset, broadcast: bool = True) -> TorchBackend:
-    """Model, local optimizer (learning rate scaled per ``train.lr_scaling``) and Horovod wrapping; ``broadcast``
-    rank 0's state now (an elastic job leaves that to its state's first sync)."""
-    model = mlp(data.n_features, cfg.train.hidden, data.n_classes)
-    optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    backend = TorchBackend(model, optimizer, cfg.sync, cfg.train.precision, cfg.train.seed, broadcast=broadcast)
+def build(cfg, data: datasets.Dataset, model: torch.nn.Module | None = None, loss: Loss | None = None,
+          optimizer: torch.optim.Optimizer | None = None, broadcast: bool = True) -> TorchBackend:
+    """The backend for ``cfg``: ``model`` (default: the registered ``train.model`` sized for ``data``), its local
+    optimizer (default: ``train.optimizer`` with the learning rate scaled per ``train.lr_scaling``), Horovod;
+    ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
+    model = model if model is not None else build_model(cfg, data, "torch")
+    if optimizer is None:
+        optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
+    backend = TorchBackend(model, optimizer, cfg.sync, loss, cfg.train.precision, cfg.train.seed, broadcast=broadcast)
     # The model was built from the global seed (identical start, then broadcast anyway); from here on torch's
     # generator draws per rank, so dropout masks and noise differ between ranks as they should (notebook 02).
     torch.manual_seed(seeding.rank_seed(cfg.train.seed, hvd.rank()))
     return backend
 
 
-def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None) -> FitResult:
-    """Initialise this PyTorch worker, build the model, train it (:func:`hvdsync.core.loop.fit_with`); returns
-    this rank's :class:`~hvdsync.core.loop.FitResult`. ``cfg`` defaults to ``Config()``, ``data`` to the dataset
-    ``cfg.data`` names; ``before_step(epoch, step)`` is an optional hook."""
-    return fit_with(init, build, cfg, data, before_step)
+def _check_arguments(model, loss, train) -> None:
+    # Plain argument checks, the same on every rank, so they fail before Horovod starts anything.
+    if model is not None and loss is None:
+        raise ValueError("loss: fit(model=...) with your own model needs loss=... (e.g. "
+                         "torch.nn.CrossEntropyLoss()); only hvdsync's registered models come with a default loss")
+    if model is None and train is not None:
+        raise ValueError("model: fit(train=...) with your own data needs model=...; hvdsync's registered models "
+                         "are sized from a registered data set (data.dataset)")
+    if train is not None and not isinstance(train, (DataLoader, torch.utils.data.Dataset)):
+        raise ValueError(f"train: {type(train).__name__} is not allowed; pass a torch Dataset, or a DataLoader "
+                         "whose batch_sampler is hvdsync.torch.PlanSampler")
+
+
+def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, model: torch.nn.Module | None = None,
+        loss: Loss | None = None, optimizer: torch.optim.Optimizer | None = None, train=None, test=None,
+        evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
+        num_workers: int = 0) -> FitResult:
+    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.loop.FitResult`.
+
+    With no model or data given it trains what ``cfg`` names (``train.model`` on ``data.dataset``, from
+    :mod:`hvdsync.registry`; default: the MLP on digits). With your own pieces:
+
+    Args:
+        cfg: a :class:`~hvdsync.config.Config` (default ``Config()``): batch size, accumulation, epochs, sync, tracking.
+        data: in-memory arrays (:class:`~hvdsync.core.data.Dataset`) instead of the registered data set.
+        before_step: ``before_step(epoch, step)`` on every rank before each step.
+        model: your ``nn.Module`` (then ``loss`` is required).
+        loss: ``loss(outputs, targets)`` returning the batch *mean*, e.g. ``nn.CrossEntropyLoss(label_smoothing=0.1)``.
+        optimizer: your *local* optimizer (default: ``train.optimizer`` at the scaled ``train.lr``).
+        train: your ``torch.utils.data.Dataset`` (read through a :class:`PlanSampler` and a ``DataLoader`` with
+            ``num_workers``), or your ``DataLoader`` built with ``batch_sampler=PlanSampler(...)``.
+        test: a ``Dataset`` of ``(input, label)`` scored for ``test_accuracy`` after each epoch.
+        evaluate: instead of ``test``, ``evaluate() -> {metric: (sum, count)}`` over this rank's share.
+        callbacks: :class:`~hvdsync.core.loop.Callback` objects.
+        resume: a plan position (``PlanSampler.state_dict()``, ``FitResult.plan_state``) to continue from.
+
+    Example:
+        >>> fit(cfg, model=MyCNN(), loss=nn.CrossEntropyLoss(label_smoothing=0.1),      # doctest: +SKIP
+        ...     train=my_train_set, test=my_test_set)
+    """
+    from hvdsync.config import Config  # here: hvdsync.config imports the core, not the adapters
+
+    _check_arguments(model, loss, train)
+    cfg = cfg or Config()
+    init(cfg)
+    if train is None:
+        data = data if data is not None else datasets.load(cfg.data, cfg.train.seed)
+        steps: Any = data  # fit_loop reads the arrays by the plan and scores their test split
+    else:
+        loader = train if isinstance(train, DataLoader) else DataLoader(
+            train, batch_sampler=PlanSampler.from_config(cfg, train), num_workers=num_workers,
+            pin_memory=torch.cuda.is_available())
+        steps = LoaderSteps(loader)
+    backend = build(cfg, data, model, loss, optimizer)
+    if evaluate is None and test is not None:
+        evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size, backend.device)
+    resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
+    return fit_loop(cfg, backend, steps, evaluate, callbacks=callbacks, resume=resume, before_step=before_step)
+

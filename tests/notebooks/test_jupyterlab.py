@@ -61,7 +61,8 @@ def test_make_lab_command_listens_on_localhost_and_serves_the_notebooks(tmp_path
     port, token = _free_port(), secrets.token_hex(16)
     url = f"http://127.0.0.1:{port}"
     # Runtime files and user settings go to a temporary folder: the test leaves no trace in the home directory.
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
     log = open(tmp_path / "lab.log", "w+")
     proc = subprocess.Popen(command + [f"--port={port}", "--ServerApp.port_retries=0",

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import cloudpickle
-import numpy as np
 import pytest
 
 from hvdsync import launch
@@ -113,7 +112,7 @@ def test_plain_horovodrun_script_trains_the_same_way(tmp_path):
          str(ROOT / "examples" / "train_torch.py"), "--set", "train.epochs=6"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if "test accuracy" in l)
+    line = next(ln for ln in proc.stdout.splitlines() if "test accuracy" in ln)
     accuracy = float(line.split("test accuracy")[1].split()[0])
     assert accuracy >= 0.90
     assert "params equal across ranks: True" in line

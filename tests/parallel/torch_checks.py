@@ -7,21 +7,13 @@ import numpy as np
 
 
 def _sequential_reference(x, y, plan, n_steps, seed, hidden, lr):
-    """Plain PyTorch, one process, no Horovod, no hvdsync scaling: mean loss over each planned batch, SGD."""
+    """Plain PyTorch, one process, no Horovod: hvdsync.torch.sequential_sgd from the same initial model."""
     import torch
-    import torch.nn.functional as F
 
-    from hvdsync.torch import mlp
+    from hvdsync.torch import global_batches, mlp, sequential_sgd
 
     torch.manual_seed(seed)
-    model = mlp(x.shape[1], hidden, 10)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    for step in plan.epoch(0, 0)[:n_steps]:
-        idx = step.indices
-        opt.zero_grad()
-        F.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
-        opt.step()
-    return [p.detach().numpy().copy() for p in model.parameters()]
+    return sequential_sgd(mlp(x.shape[1], hidden, 10), x, y, global_batches(plan, steps=n_steps), lr)
 
 
 def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):

@@ -28,7 +28,7 @@ def test_cache_key_names_what_the_wheel_was_built_against(tmp_path):
 
     key = _key(ROOT / "scripts")
     assert key == _key(ROOT / "scripts")                      # stable
-    assert key.startswith("horovod0.28.1-cp%d%d-" % sys.version_info[:2])
+    assert key.startswith("horovod0.28.1-cp{}{}-".format(*sys.version_info[:2]))
     assert f"torch{torch.__version__}" in key
     assert f"tf{metadata.version('tensorflow-cpu')}" in key
     assert "-cpu-" in key                                       # no nvcc/NCCL here -> a Gloo-only build

@@ -50,7 +50,7 @@ def test_dockerfiles_use_the_install_script_and_bring_what_it_needs():
 
 
 def test_ci_runs_the_readme_test_command_and_nothing_else():
-    ci = [l for l in (ROOT / ".ci" / "run").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-1].strip() == "make test"
     readme = (ROOT / "README.md").read_text()
     first_block = re.search(r"```(?:bash|sh)?\n(.*?)```", readme, re.S).group(1)

@@ -1,4 +1,5 @@
-"""The ring all-reduce simulation (hvdsync.core.ring): it sums, every rank ends equal, and it sends what the law says."""
+"""The ring all-reduce simulation (hvdsync.core.ring): it sums, every rank ends equal, and it sends what the law
+says."""
 import doctest
 
 import numpy as np

@@ -1,0 +1,153 @@
+"""Runs inside each of 2 Horovod workers (sent by value): the user's own model, loss and Dataset through
+hvdsync.torch (PlanSampler + DataLoader, fit), and the bad inputs that must fail before training.
+
+Returns numbers; tests/parallel/test_torch_user_data.py asserts on them.
+"""
+import numpy as np
+
+
+def _datasets():
+    import torch
+    from torch.utils.data import Dataset
+
+    class Images(Dataset):
+        """A user's own map-style Dataset: (image as C x H x W, label, index); the index lets the test count reads."""
+
+        def __init__(self, x, y):
+            self.x, self.y = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(y)
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i], i
+
+    class Pairs(Images):
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    return Images, Pairs
+
+
+def _user_cnn(n_classes=10, width=16):
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, width, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, n_classes))
+
+
+def run_checks(seed=5, batch=16, accumulate=2, epochs=8):
+    import horovod.torch as hvd
+    import torch
+    from torch.utils.data import DataLoader
+
+    import hvdsync.torch as ht
+    from hvdsync.config import Config
+    from hvdsync.core.data import digits
+
+    cfg = Config.from_dict({"data": {"batch_size": batch}, "sync": {"accumulate": accumulate},
+                            "train": {"seed": seed, "epochs": epochs, "lr": 0.05, "momentum": 0.9},
+                            "tracking": {"enabled": False}})
+    info = ht.init(cfg)
+    rank, size = info.rank, info.size
+    data = digits(seed=seed, images=True)
+    Images, Pairs = _datasets()
+    out = {"size": size}
+
+    # 1. Every sample exactly once per epoch on 2 ranks, read by DataLoader worker processes; micro-batches in order.
+    n = 301                                           # 301 = 9 global steps of 32 + a short one of 13
+    ds = Images(data.x_train[:n], data.y_train[:n])
+    sampler = ht.PlanSampler(ds, batch_size=batch, accumulate=accumulate, seed=seed)
+    loader = DataLoader(ds, batch_sampler=sampler, num_workers=2)
+    reads, in_order, steps, scales = [], True, 0, []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        planned = sampler.plan.epoch(epoch, rank)
+        for (micro, step), plan_step in zip(sampler.steps(loader), planned, strict=True):
+            got = [m[2].tolist() for m in micro]
+            in_order &= got == [m.tolist() for m in plan_step.micro if len(m)]
+            reads.append([epoch * 1000 + i for m in got for i in m])
+            steps += 1
+            scales.append(sampler.scale(step))
+    flat = [i for r in reads for i in r]
+    every = hvd.allgather(torch.tensor(flat, dtype=torch.int64)).tolist()
+    out["reads_per_epoch"] = [np.bincount([i - 1000 * e for i in every if i // 1000 == e], minlength=n).tolist()
+                              for e in (0, 1)]
+    out["micro_in_order"] = bool(hvd.allreduce(torch.tensor(int(in_order)), op=hvd.Min).item())
+    out["steps_per_epoch_each_rank"] = hvd.allgather(torch.tensor([steps // 2])).tolist()
+    out["last_step_scale"] = scales[-1]
+
+    # 2. 2 workers x 16 (accumulate 2 micro-batches of 8) through the DataLoader == 1 process x 32, plain SGD.
+    pairs = Pairs(data.x_train[:n], data.y_train[:n])
+    torch.manual_seed(seed)
+    model = _user_cnn()
+    start = [p.detach().clone() for p in model.parameters()]
+    backend = ht.TorchBackend(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg.sync)
+    s2 = ht.PlanSampler.from_config(cfg, pairs)
+    for micro, step in s2.steps(DataLoader(pairs, batch_sampler=s2, num_workers=2)):
+        backend.train_step(micro, s2.scale(step))
+    dist = backend.parameters()
+    ref_model = _user_cnn()
+    with torch.no_grad():
+        for p, v in zip(ref_model.parameters(), start):
+            p.copy_(v)
+    x_chw = np.ascontiguousarray(data.x_train[:n].transpose(0, 3, 1, 2))
+    ref = ht.sequential_sgd(ref_model, x_chw, data.y_train[:n], ht.global_batches(s2.plan), lr=0.1)
+    out["big_batch_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(dist, ref))
+    out["big_batch_moved"] = max(float(np.abs(a - b.numpy()).max()) for a, b in zip(ref, start))
+    out["rounds_for_steps"] = (backend.wire.snapshot()["tensors"] / backend.grad_tensors, s2.plan.steps_per_epoch())
+
+    # 3. state_dict mid-epoch -> a fresh sampler continues with exactly the unread samples (same world, and resized).
+    s3 = ht.PlanSampler(ds, batch_size=batch, accumulate=accumulate, seed=seed)
+    s3.set_epoch(3)
+    before = []
+    for i, (micro, _) in enumerate(s3.steps(DataLoader(ds, batch_sampler=s3, num_workers=2))):
+        before += [j for m in micro for j in m[2].tolist()]
+        if i == 3:
+            break
+    state = s3.state_dict()
+    fresh = ht.PlanSampler(ds, batch_size=batch, accumulate=accumulate, seed=seed)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(3)
+    after = [j for micro, _ in fresh.steps(DataLoader(ds, batch_sampler=fresh, num_workers=2))
+             for m in micro for j in m[2].tolist()]
+    read_before = hvd.allgather(torch.tensor(before, dtype=torch.int64)).tolist()
+    read_after = hvd.allgather(torch.tensor(after, dtype=torch.int64)).tolist()
+    out["state"] = state
+    out["same_world_reads"] = np.bincount(read_before + read_after, minlength=n).tolist()
+    # The same state in a world of 3 (ranks 0..2 played by this process, batch 10): the rest of the epoch once.
+    resized = []
+    for r in range(3):
+        s = ht.PlanSampler(ds, batch_size=10, seed=seed, rank=r, world_size=3)
+        s.load_state_dict(state)
+        resized += [j for micro, _ in s.steps(DataLoader(ds, batch_sampler=s)) for m in micro for j in m[2].tolist()]
+    out["resized_reads"] = np.bincount(read_before + resized, minlength=n).tolist()
+    out["resized_plan_unread"] = sorted(resized) == sorted(set(range(n)) - set(read_before))
+
+    # 4. fit with a user CNN, label-smoothed cross-entropy and the user's Datasets (DataLoader worker processes).
+    train, test = Pairs(data.x_train, data.y_train), Pairs(data.x_test, data.y_test)
+    torch.manual_seed(seed)
+    result = ht.fit(cfg, model=_user_cnn(), loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1), train=train,
+                    test=test, num_workers=2)
+    out["fit"] = {k: getattr(result, k) for k in ("test_accuracy", "param_spread", "optimizer_steps",
+                                                   "backward_passes", "allreduce_rounds", "plan_state")}
+    out["fit_history"] = [h["test_accuracy"] for h in result.history]
+    out["fit_steps_expected"] = epochs * ht.PlanSampler.from_config(cfg, train).plan.steps_per_epoch()
+
+    # 5. Bad input: each fails with one message naming the problem, before any training step.
+    errors = {}
+    try:
+        wide = _user_cnn(width=16 if rank == 0 else 24)
+        ht.TorchBackend(wide, torch.optim.SGD(wide.parameters(), lr=0.1), cfg.sync)
+    except ValueError as exc:
+        errors["model_differs"] = str(exc)
+    try:
+        ht.PlanSampler(ds, batch_size=8, rank=2)
+    except ValueError as exc:
+        errors["rank_outside"] = str(exc)
+    try:
+        ht.fit(cfg, model=_user_cnn(), train=train)
+    except ValueError as exc:
+        errors["no_loss"] = str(exc)
+    out["errors"] = errors
+    return out

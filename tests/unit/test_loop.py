@@ -1,0 +1,137 @@
+"""The shared loop and the plan cursor in one process: a real numpy backend (softmax regression trained by SGD), no
+Horovod, so the loop's own promises (steps in, callbacks, plan position, resume) are checked on their own."""
+import numpy as np
+import pytest
+
+from hvdsync.config import Config
+from hvdsync.core.codecs import WireCounter
+from hvdsync.core.data import digits
+from hvdsync.core.loader import PlanCursor, PlanLoader
+from hvdsync.core.loop import Callback, fit_loop, plan_for
+from hvdsync.core.profiling import PhaseTimer
+from hvdsync.core.sharding import PlanState, ShardPlan
+
+
+class NumpyBackend:
+    """Softmax regression; ``train_step`` follows the Backend contract (summed loss x scale, one update)."""
+
+    framework, rank, size = "numpy", 0, 1
+
+    def __init__(self, n_features, n_classes, lr=0.5):
+        self.w = np.zeros((n_features, n_classes))
+        self.lr, self.wire, self.timer = lr, WireCounter(), PhaseTimer()
+
+    grad_tensors = 1
+
+    def train_step(self, micro, scale):
+        grad, total = np.zeros_like(self.w), 0.0
+        for x, y in micro:
+            logits = x @ self.w
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            total += float(-np.log(p[np.arange(len(y)), y]).sum())
+            p[np.arange(len(y)), y] -= 1
+            grad += scale * x.T @ p
+        self.w -= self.lr * grad
+        return total
+
+    def count_correct(self, x, y):
+        return int(((x @ self.w).argmax(1) == y).sum())
+
+    def allgather(self, values):
+        return np.asarray(values, dtype=np.float64)[None]
+
+    def parameters(self):
+        return [self.w]
+
+
+class Recorder(Callback):
+    def __init__(self, stop_at=None):
+        self.events, self.positions, self.stop_at = [], [], stop_at
+
+    def on_train_begin(self, ctx): self.events.append("train_begin")  # noqa: E704
+    def on_epoch_begin(self, ctx): self.events.append(f"epoch_begin {ctx.epoch}")  # noqa: E704
+    def on_epoch_end(self, ctx): self.events.append(f"epoch_end {ctx.epoch} {sorted(ctx.metrics)[0]}")  # noqa: E704
+    def on_train_end(self, ctx): self.events.append(f"train_end {ctx.status}")  # noqa: E704
+
+    def on_step_end(self, ctx):
+        self.positions.append((ctx.epoch, ctx.step, ctx.position, ctx.plan_state.to_dict()))
+        if self.stop_at is not None and (ctx.epoch, ctx.step) == self.stop_at:
+            ctx.stop_training = True
+
+
+@pytest.fixture(scope="module")
+def data():
+    return digits(seed=0)
+
+
+def _cfg(epochs=2):
+    return Config.from_dict({"data": {"batch_size": 100}, "train": {"epochs": epochs, "np": 1},
+                             "tracking": {"enabled": False}})
+
+
+def test_loop_runs_callbacks_in_order_and_tracks_the_plan_position(data):
+    cfg, rec = _cfg(), Recorder()
+    result = fit_loop(cfg, NumpyBackend(64, 10), data, callbacks=[rec])
+    steps = -(-len(data.x_train) // 100)
+    assert rec.events == ["train_begin", "epoch_begin 0", "epoch_end 0 epoch_seconds", "epoch_begin 1",
+                          "epoch_end 1 epoch_seconds", "train_end FINISHED"]
+    assert [p[2] for p in rec.positions[:steps]] == [min(100 * (i + 1), len(data.x_train)) for i in range(steps)]
+    assert rec.positions[steps - 1][3] == {"epoch": 1, "consumed": 0}     # the end of an epoch rolls over
+    assert result.optimizer_steps == 2 * steps and result.test_accuracy > 0.85
+    assert result.plan_state == {"epoch": 2, "consumed": 0}
+
+
+def test_stopping_and_resuming_equals_one_uninterrupted_run(data):
+    cfg = _cfg()
+    whole = NumpyBackend(64, 10)
+    fit_loop(cfg, whole, data)
+    first, rec = NumpyBackend(64, 10), Recorder(stop_at=(0, 5))
+    stopped = fit_loop(cfg, first, data, callbacks=[rec])
+    assert stopped.plan_state == {"epoch": 0, "consumed": 500}
+    fit_loop(cfg, first, data, resume=PlanState.from_dict(stopped.plan_state))
+    assert np.abs(first.w - whole.w).max() < 1e-12
+
+
+def test_evaluation_is_a_function_the_user_passes(data):
+    cfg = _cfg(epochs=1)
+    backend = NumpyBackend(64, 10)
+    steps = PlanLoader(data.x_train, data.y_train, plan_for(cfg, len(data.x_train), 1), 0)
+    result = fit_loop(cfg, backend, steps, evaluate=lambda: {"hits": (3.0, 4.0), "mean": 0.25})
+    assert result.history[0]["hits"] == 0.75 and result.history[0]["mean"] == 0.25
+    assert np.isnan(result.test_accuracy)                                 # no test_accuracy: none is claimed
+
+
+def test_a_plan_for_another_world_is_refused(data):
+    cfg = _cfg(epochs=1)
+    steps = PlanLoader(data.x_train, data.y_train, ShardPlan(len(data.x_train), 2, 50), 1)
+    with pytest.raises(ValueError, match="steps: a plan for 2 ranks is not allowed in a world of 1"):
+        fit_loop(cfg, NumpyBackend(64, 10), steps)
+
+
+@pytest.mark.parametrize("new_world", [1, 2, 3, 5])
+def test_cursor_state_resumes_with_exactly_the_unread_samples_at_any_world_size(new_world):
+    plan = ShardPlan(103, 2, 8, accumulate=3, seed=4)
+    cursors = [PlanCursor(plan, r) for r in range(2)]
+    read = []
+    for c in cursors:
+        c.set_epoch(1)
+        for i, (micro, _) in enumerate(c.group(iter(c.micro_batches()))):
+            read += [j for m in micro for j in m]
+            if i == 3:                                                    # stop inside the epoch, after 4 steps
+                break
+    state = cursors[0].state_dict()
+    assert state == cursors[1].state_dict() == {"epoch": 1, "consumed": 4 * 16}
+    assert len(read) == len(set(read)) == 4 * 16
+    rest = []
+    for r in range(new_world):
+        c = PlanCursor(plan.resized(new_world), r)
+        c.load_state_dict(state)
+        c.set_epoch(1)                                                    # the same epoch: the loaded position stays
+        rest += [j for micro, _ in c.group(iter(c.micro_batches())) for m in micro for j in m]
+    assert sorted(read + rest) == list(range(103))
+
+
+def test_cursor_refuses_a_rank_outside_the_world():
+    with pytest.raises(ValueError, match=r"rank: 2 is not allowed; expected 0 <= rank < 2 \(the world has 2 ranks\)"):
+        PlanCursor(ShardPlan(10, 2, 2), 2)

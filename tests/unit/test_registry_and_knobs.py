@@ -1,0 +1,74 @@
+"""Registries (models, data sets by name, user plugins) and Horovod's knobs applied by the one core rule."""
+import io
+
+import numpy as np
+import pytest
+
+from hvdsync.config import Config, ConfigError, SyncConfig
+from hvdsync.core.data import load
+from hvdsync.core.runtime import applied_params, apply_horovod_env, report_knobs
+from hvdsync.registry import DATASETS, MODELS
+
+
+def test_builtin_names_are_registered_without_importing_a_framework():
+    assert {"mlp", "cnn"} <= set(MODELS.names("torch"))
+    assert "mlp" in MODELS.names("tensorflow")
+    assert {"digits", "digits_images", "synthetic", "synthetic_images"} <= set(DATASETS.names())
+
+
+def test_a_user_plugin_registers_a_model_and_a_data_set_by_name(tmp_path, monkeypatch):
+    (tmp_path / "my_plugin.py").write_text(
+        "import numpy as np\n"
+        "from hvdsync.core.data import Dataset\n"
+        "from hvdsync.registry import register_dataset, register_model\n"
+        "@register_dataset('stripes')\n"
+        "def stripes(data_cfg, seed):\n"
+        "    x = np.eye(4, dtype=np.float32).repeat(5, 0); y = np.arange(20) % 4\n"
+        "    return Dataset(x, y, x, y, 4)\n"
+        "@register_model('tiny', framework='torch')\n"
+        "def tiny(cfg, data):\n"
+        "    return ('tiny', data.input_shape, data.n_classes)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = Config.from_dict({"data": {"dataset": "stripes"}, "train": {"model": "tiny", "plugins": ["my_plugin"]}})
+    data = load(cfg.data)
+    assert data.input_shape == (4,) and data.n_classes == 4
+    assert MODELS.get("tiny", "torch")(cfg, data) == ("tiny", (4,), 4)
+    with pytest.raises(ConfigError, match="train.model: 'tiny' is not allowed for tensorflow; choose one of"):
+        Config.from_dict({"train": {"framework": "tensorflow", "model": "tiny", "plugins": ["my_plugin"]}})
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"train": {"model": "resnet"}}, "train.model: 'resnet' is not allowed for torch; choose one of: cnn, mlp"),
+    ({"data": {"dataset": "cifar"}}, "data.dataset: 'cifar' is not allowed; choose one of: digits, digits_images"),
+    ({"train": {"plugins": ["no_such_module"]}}, "train.plugins: 'no_such_module' is not allowed; it cannot be"),
+    ({"train": {"plugins": "mod"}}, "train.plugins: 'mod' is not allowed; expected a list"),
+])
+def test_unknown_names_fail_in_the_config_naming_the_field(raw, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        Config.from_dict(raw)
+
+
+def test_image_data_sets_have_image_shapes_and_are_reproducible():
+    cfg = Config.from_dict({"data": {"dataset": "synthetic_images", "synthetic_samples": 64, "image_size": 12,
+                                     "image_channels": 2}})
+    a, b = load(cfg.data, seed=1), load(cfg.data, seed=1)
+    assert a.input_shape == (12, 12, 2) and np.array_equal(a.x_train, b.x_train)
+    assert load(Config.from_dict({"data": {"dataset": "digits_images"}}).data).input_shape == (8, 8, 1)
+
+
+def test_knobs_come_from_the_config_unless_the_environment_sets_them():
+    sync = SyncConfig(fusion_threshold_mb=8, cycle_time_ms=2.0)
+    env = {"HOROVOD_CYCLE_TIME": "5"}
+    decisions = {d.name: d for d in apply_horovod_env(sync, env)}
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(8 * 1024 * 1024)             # set from the config
+    assert env["HOROVOD_CYCLE_TIME"] == "5"                                     # the user's value is never overridden
+    assert decisions["HOROVOD_CYCLE_TIME"].source == "environment"
+    out = io.StringIO()
+    message = report_knobs(list(decisions.values()), rank=0, stream=out)
+    assert "HOROVOD_CYCLE_TIME=5 from the environment wins over sync.cycle_time_ms (config: 2)" in message
+    assert report_knobs(list(decisions.values()), rank=0, stream=out) is None  # said once
+    assert report_knobs(list(decisions.values()), rank=1) is None               # and only on rank 0
+    cfg = Config.from_dict({"sync": {"fusion_threshold_mb": 8, "cycle_time_ms": 2.0}})
+    params = applied_params(cfg, env)
+    assert params["sync.fusion_threshold_mb"] == 8 and params["sync.cycle_time_ms"] == 5.0   # what applied
+    assert params["horovod.HOROVOD_FUSION_THRESHOLD"] == str(8 * 1024 * 1024)
