@@ -207,7 +207,7 @@ else
 fi
 
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel" >&2
-# Runtime needs of horovodrun that --no-deps skipped are pinned in pyproject.toml (cloudpickle, psutil, pyyaml, packaging).
+# Runtime needs of horovodrun that --no-deps skipped are pinned in constraints.txt (cloudpickle, psutil, pyyaml, packaging).
 # Check the installed build really has both frameworks and Gloo (and NCCL for a GPU build): the same facts as
 # `horovodrun --check-build`, asked of each extension in one process (check-build starts one per framework).
 TF_CPP_MIN_LOG_LEVEL=3 "$PY" - "$gpu" <<'EOF' || { say "error: the installed Horovod is incomplete (see above)"; exit 1; }

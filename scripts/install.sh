@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set everything up on a bare machine, in one command: a virtual environment with the pinned versions of
-# pyproject.toml, hvdsync itself (editable), and Horovod 0.28.1 built for that environment with Gloo and both
-# PyTorch and TensorFlow (scripts/build_horovod.sh; cached, so a second run takes seconds).
+# Set everything up on a bare machine, in one command: a virtual environment with the exact versions pinned in
+# constraints.txt (pyproject.toml states the supported ranges), hvdsync itself (editable), and Horovod 0.28.1 built
+# for that environment with Gloo and both PyTorch and TensorFlow (scripts/build_horovod.sh; cached, so a second run takes seconds).
 # The Dockerfiles run this same script.
 #
 #   PYTHON=python3.11 HVDSYNC_VENV=.venv bash scripts/install.sh
@@ -21,13 +21,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 py="$VENV/bin/python"
-# Skip pip when this exact pyproject.toml was already installed into this venv (pip's resolver alone takes ~30 s).
-stamp="$VENV/.hvdsync-deps-$( (cat pyproject.toml; "$py" --version) | sha256sum | cut -c1-16)"
+# Skip pip when these exact pins were already installed into this venv (pip's resolver alone takes ~30 s). The pins
+# are the stamp: every dependency pyproject.toml names is pinned in constraints.txt (tests/unit/test_packaging.py).
+stamp="$VENV/.hvdsync-deps-$( (cat constraints.txt; "$py" --version) | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   say "installing hvdsync and its pinned dependencies (first time: a few minutes)"
   # pip's own chatter is kept out of the way; errors still show.
   "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$py" -m pip install --quiet --disable-pip-version-check -e ".[all]"
+  "$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[all]"
   rm -f "$VENV"/.hvdsync-deps-*; touch "$stamp"
 fi
 

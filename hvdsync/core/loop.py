@@ -253,7 +253,7 @@ def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar:
         loss_sum += step_loss
         seen += step.local_count
         result.optimizer_steps += 1
-        result.backward_passes += sum(1 for m in step.micro if len(m))
+        result.backward_passes += len(micro)  # micro-batches handed to the backend (array path: empty ones too)
         ctx.step, ctx.global_step, ctx.position = ctx.step + 1, ctx.global_step + 1, ctx.position + step.global_count
         ctx.last_step, ctx.metrics = step, {"loss": step_loss / max(1, step.local_count)}
         bar.update(1, loss=ctx.metrics["loss"])

@@ -105,14 +105,32 @@ def test_cli_trains_digits_with_fp16_and_accumulation_and_records_the_run(tmp_pa
     assert len(history) == result["epochs"]
 
 
-def test_plain_horovodrun_script_trains_the_same_way(tmp_path):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+def test_plain_horovodrun_script_trains_and_gets_the_fusion_threshold_it_records(tmp_path):
+    """The example, unchanged, under plain `horovodrun`: it trains, `--set sync.fusion_threshold_mb=8` reaches
+    Horovod inside each worker (read back there), and the MLflow record states that value."""
+    db = tmp_path / "m.db"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    env.pop("HOROVOD_FUSION_THRESHOLD", None)
+    # Each worker runs the example as its main script, then prints what its own environment held for Horovod.
+    read_back = ("import json, os, runpy, horovod.torch as hvd\n"
+                 f"runpy.run_path({str(ROOT / 'examples' / 'train_torch.py')!r}, run_name='__main__')\n"
+                 "print('KNOBS', json.dumps({'rank': hvd.rank(),\n"
+                 "                           'fusion': os.environ.get('HOROVOD_FUSION_THRESHOLD')}))")
     proc = subprocess.run(
-        [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-         str(ROOT / "examples" / "train_torch.py"), "--set", "train.epochs=6"],
+        [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", read_back,
+         "--set", "train.epochs=6", "--set", "sync.fusion_threshold_mb=8"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if "test accuracy" in ln)
     accuracy = float(line.split("test accuracy")[1].split()[0])
     assert accuracy >= 0.90
     assert "params equal across ranks: True" in line
+    knobs = [json.loads(ln.split("KNOBS", 1)[1]) for ln in proc.stdout.splitlines() if "KNOBS" in ln]
+    assert sorted(k["rank"] for k in knobs) == [0, 1]
+    assert all(k["fusion"] == str(8 * 1024 * 1024) for k in knobs)     # 8 MiB inside both workers
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.params["sync.fusion_threshold_mb"] == "8"
+    assert run.data.params["horovod.HOROVOD_FUSION_THRESHOLD"] == str(8 * 1024 * 1024)

@@ -5,31 +5,54 @@ import subprocess
 import tomllib
 
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _pyproject_pins():
+def _requirements():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         reqs += [r for r in extra if not r.startswith("hvdsync")]
-    return dict(r.split("==") for r in reqs)
+    return [Requirement(r) for r in reqs]
 
 
-def test_every_dependency_is_pinned_exactly():
+def _constraint_pins():
+    lines = [ln.split("#")[0].strip() for ln in (ROOT / "constraints.txt").read_text().splitlines()]
+    return dict(ln.split("==") for ln in lines if ln)
+
+
+def test_constraints_pin_every_dependency_exactly_within_the_supported_range():
+    pins = _constraint_pins()
+    assert all(re.fullmatch(r"[0-9][0-9A-Za-z.+]*", v) for v in pins.values()), pins
+    reqs = _requirements()
+    assert sorted(r.name for r in reqs) == sorted(pins)                     # no dependency without a pin, and back
+    for r in reqs:
+        assert r.specifier and not any(s.operator == "==" for s in r.specifier), f"{r}: a range, not a pin"
+        assert r.specifier.contains(pins[r.name], prereleases=True), f"{r.name}=={pins[r.name]} is outside {r}"
+
+
+def test_install_script_installs_with_the_constraints_and_stamps_their_hash():
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert re.search(r'pip install .*-c constraints\.txt -e "\.\[all\]"', install)
+    assert re.search(r"stamp=.*cat constraints\.txt", install)
+
+
+def test_python_version_agrees_with_the_readme():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    reqs = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values()
-                                            for r in extra if not r.startswith("hvdsync")]
-    assert reqs and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.+]*", r) for r in reqs), reqs
+    assert project["requires-python"] == ">=3.11"
+    assert "Needs Python 3.11" in (ROOT / "README.md").read_text()
 
 
-def test_environment_yml_pins_agree_with_pyproject():
+def test_environment_yml_pins_agree_with_the_constraints():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     conda_pins = dict(p.split("==") for p in pip if "==" in p)
-    assert conda_pins == _pyproject_pins()
+    assert conda_pins == _constraint_pins()
     assert "-e ." in pip
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    assert python == "python=3.11"
     # The Horovod build step is named for conda users.
     assert "scripts/build_horovod.sh" in (ROOT / "environment.yml").read_text()
 
