@@ -64,7 +64,7 @@ def _nccl_worker(rank: int, world: int, port: int, sizes: list[int], queue) -> N
     out = {}
     for nbytes in sizes:
         x = torch.ones(nbytes // 4, device="cuda")
-        out[nbytes] = _timed(lambda: dist.all_reduce(x), repeats=10)
+        out[nbytes] = _timed(lambda x=x: dist.all_reduce(x), repeats=10)
     if rank == 0:
         queue.put(out)
     dist.destroy_process_group()

@@ -25,7 +25,6 @@ It prints the build time and the image size at the end (``docker/README.md`` rec
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import http.server
 import os
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(cmd, cwd=ROOT, check=True)
             seconds = time.monotonic() - start
     except subprocess.CalledProcessError as err:
-        raise BuildError(f"{shlex.join(map(str, err.cmd[:3]))} ... failed (exit {err.returncode}); output above")
+        raise BuildError(f"{shlex.join(map(str, err.cmd[:3]))} ... failed (exit {err.returncode}); output above") from None
     size = int(subprocess.run(docker + ["image", "inspect", "-f", "{{.Size}}", tag], capture_output=True, text=True,
                               check=True).stdout)
     say(f"built {tag} in {seconds:.0f}s; image size {size / 1e6:.0f} MB")

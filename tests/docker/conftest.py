@@ -1,6 +1,5 @@
 """Opt-in: the tests here build and run the Docker images (a Docker engine, minutes). They carry the `docker` marker
 and are deselected unless the marker is asked for: `make docker-test` (`pytest -m docker tests/docker`)."""
-import pytest
 
 
 def pytest_collection_modifyitems(config, items):

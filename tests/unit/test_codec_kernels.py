@@ -52,7 +52,7 @@ def test_framework_kernels_equal_the_core_maths(ops, spec):
     reference = NumpyOps()
     states = {name: [CodecState(codec, SHAPES, o, seed=5) for _ in range(2)]
               for name, o in (("numpy", reference), ("framework", ops))}
-    for step in range(3):
+    for _step in range(3):
         grads = [[rng.normal(size=s).astype(np.float32) for s in SHAPES] for _ in range(2)]
         if codec.cast:
             for g in grads[0]:

@@ -59,13 +59,13 @@ def test_sparse_error_feedback_keeps_exactly_what_was_not_sent(spec):
     codec = get_codec(spec)
     rng = np.random.default_rng(2)
     states = _states(codec)
-    for step in range(3):
+    for _step in range(3):
         before = [[s["residual"].copy() for s in st.slots] for st in states]
         grads = _grads(rng)
         out = simulate(codec, grads, states)
         sent_total = [np.zeros(s, np.float32) for s in SHAPES]
         for r in range(2):
-            for i, s in enumerate(SHAPES):
+            for i, _s in enumerate(SHAPES):
                 x = grads[r][i] + before[r][i]
                 residual = states[r].slots[i]["residual"]
                 sent = x - residual

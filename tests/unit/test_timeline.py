@@ -19,7 +19,7 @@ def test_docstring_examples():
 
 def test_negotiation_ranks_activities_and_repeated_tensors_become_spans_in_epoch_seconds():
     recs = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "allreduce.fc.weight"}}]
-    for step, base in enumerate((0, 1000)):
+    for base in (0, 1000):
         recs += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": base + 10, "pid": 1},
                  {"ph": "X", "name": "0", "ts": base + 10, "pid": 1, "dur": 0},
                  {"ph": "X", "name": "1", "ts": base + 40, "pid": 1, "dur": 0},

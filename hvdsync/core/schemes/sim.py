@@ -101,7 +101,7 @@ def simulate(mode: str, data: Dataset, world: int, steps: int, lr: float = 0.5, 
                 break
             g_count = parts[0].global_count
 
-            def grad(r: int, x: np.ndarray) -> np.ndarray:
+            def grad(r: int, x: np.ndarray, parts=parts, g_count=g_count) -> np.ndarray:  # bound: this step's
                 idx = parts[r].indices
                 # Summed loss times W/G: the local mean (the loss scale the adapters use with op 'average').
                 return softmax_grad(x, data.x_train[idx], data.y_train[idx], n_classes, world / g_count)
