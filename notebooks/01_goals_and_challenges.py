@@ -77,7 +77,6 @@ def experiments(cfg_dict, delays_ms):
 
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
@@ -104,20 +103,18 @@ def experiments(cfg_dict, delays_ms):
         with torch.no_grad():
             for p, v in zip(model.parameters(), snapshots[0]):
                 p.copy_(torch.from_numpy(v))
-        sgd = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
-        single = ShardPlan(len(data.x_train), 1, info.size * cfg.data.batch_size, seed=cfg.train.seed,
-                           shuffle=cfg.data.shuffle)
-        diff, moved, i = [], [], 0
-        for epoch in range(cfg.train.epochs):
-            for step in single.epoch(epoch, 0):
-                x, y = torch.from_numpy(data.x_train[step.indices]), torch.from_numpy(data.y_train[step.indices])
-                sgd.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                sgd.step()
-                i += 1
-                ref = [p.detach().numpy() for p in model.parameters()]
-                diff.append(max(float(np.abs(a - b).max()) for a, b in zip(ref, snapshots[i])))
-                moved.append(max(float(np.abs(a - b).max()) for a, b in zip(ref, snapshots[0])))
+        plan = ShardPlan(len(data.x_train), info.size, cfg.data.batch_size, seed=cfg.train.seed,
+                         shuffle=cfg.data.shuffle)
+        diff, moved = [], []
+
+        def compare(i, model):  # after sequential step i, against the parallel model after its step i
+            ref = [p.detach().numpy() for p in model.parameters()]
+            diff.append(max(float(np.abs(a - b).max()) for a, b in zip(ref, snapshots[i + 1])))
+            moved.append(max(float(np.abs(a - b).max()) for a, b in zip(ref, snapshots[0])))
+
+        # Plain torch.optim.SGD on the global batches of 2B, in the plan's order (hvdsync.torch.sequential_sgd).
+        ht.sequential_sgd(model, data.x_train, data.y_train, ht.global_batches(plan, cfg.train.epochs),
+                          lr=cfg.train.lr, on_step=compare)
         out.update(diff=diff, moved=moved, parallel_steps=len(snapshots) - 1)
 
     # 2) + 3) where a step's time goes, with rank 1 slowed down by `delay` ms per step.

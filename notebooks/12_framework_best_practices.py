@@ -133,8 +133,8 @@ plt.show()
 # | 5 · lr | `lr = scaled_lr(cfg.train.lr, info.size, cfg.train.lr_scaling)` | the same |
 # | 2 · optimizer | `opt = ht.distributed_optimizer(ht.local_optimizer(cfg, model, lr), model, cfg.sync)` | the same line |
 # | 3 · broadcast | `ht.broadcast_state(model, opt)` | `ht.broadcast_state(model, opt)` |
-# | 4 · shards | `loader = ht.ShardedLoader(x, y, ShardPlan(len(x), info.size, 32), info.rank)` | the same line |
-# | epoch | `loader.set_epoch(epoch)`; `for micro, step in loader:` | the same |
+# | 4 · shards | `sampler = ht.PlanSampler(train_set, batch_size=32)`; `loader = DataLoader(train_set, batch_sampler=sampler)` | `loader = ht.ShardedLoader(x, y, ShardPlan(len(x), info.size, 32), info.rank)` |
+# | epoch | `sampler.set_epoch(epoch)`; `for micro, step in sampler.steps(loader):` | `loader.set_epoch(epoch)`; `for micro, step in loader:` |
 #
 # and the distributed step, where the frameworks really differ:
 #
@@ -143,7 +143,7 @@ plt.show()
 # opt.zero_grad()
 # for x, y in micro:
 #     loss = F.cross_entropy(model(x), y, reduction="sum")
-#     (loss * loss_scale(step.global_count, info.size, cfg.sync.op)).backward()
+#     (loss * sampler.scale(step)).backward()   # = loss_scale(step.global_count, info.size, cfg.sync.op)
 # opt.step()                      # waits for the all-reduces, then updates
 # ```
 #
@@ -179,12 +179,13 @@ def experiments(cfg_dict, lr_variants):
     import horovod.torch as hvd
     import torch
     import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
     from hvdsync.core import data as datasets
     from hvdsync.core.loop import fit_loop
-    from hvdsync.core.scaling import loss_scale, scaled_lr
+    from hvdsync.core.scaling import scaled_lr
     from hvdsync.core.seeding import rank_seed
     from hvdsync.core.sharding import ShardPlan
 
@@ -194,6 +195,8 @@ def experiments(cfg_dict, lr_variants):
     out = {"rank": info.rank,
            "built": {name: bool(getattr(hvd, f"{name}_built")()) for name in ("gloo", "mpi", "nccl", "cuda")},
            "enabled": {"gloo": bool(hvd.gloo_enabled()), "mpi": bool(hvd.mpi_enabled())}}
+
+    train_set = TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))
 
     def params(model):
         return [p.detach().numpy().copy() for p in model.parameters()]
@@ -210,17 +213,19 @@ def experiments(cfg_dict, lr_variants):
         if broadcast:
             ht.broadcast_state(model, opt)
         record["start"] = params(model)
-        # A plan for a world of 1 has a single rank, 0: every worker reads all of it.
-        loader = ht.ShardedLoader(data.x_train, data.y_train, plan, info.rank if plan.world_size > 1 else 0)
-        record["steps_per_epoch"], seconds = len(loader), 0.0
+        # The user's own Dataset read by a DataLoader, sharded by the plan. A plan for a world of 1 has a single
+        # rank, 0: every worker reads all of it.
+        sampler = ht.PlanSampler.from_plan(plan, info.rank if plan.world_size > 1 else 0, cfg.sync.op)
+        loader = DataLoader(train_set, batch_sampler=sampler)
+        record["steps_per_epoch"], seconds = plan.steps_per_epoch(), 0.0
         for epoch in range(cfg.train.epochs):
-            loader.set_epoch(epoch)
+            sampler.set_epoch(epoch)
             t = time.perf_counter()
-            for micro, step in loader:
+            for micro, step in sampler.steps(loader):
                 opt.zero_grad()
                 for x, y in micro:
                     loss = F.cross_entropy(model(x), y, reduction="sum")
-                    (loss * loss_scale(step.global_count, plan.world_size, cfg.sync.op)).backward()
+                    (loss * sampler.scale(step)).backward()
                 opt.step()
                 if epoch == 0:
                     record["read_epoch_0"].extend(step.indices.tolist())
@@ -251,16 +256,12 @@ def experiments(cfg_dict, lr_variants):
         pass
 
     if info.rank == 0:
-        # One process, plain PyTorch, no Horovod: batch 32 in the same order, mean loss, torch.optim.SGD.
+        # One process, plain PyTorch, no Horovod: batch 32 in the same order, mean loss, torch.optim.SGD
+        # (hvdsync.torch.sequential_sgd, the reference the tests use too).
         torch.manual_seed(cfg.train.seed)
         model = ht.mlp(data.n_features, cfg.train.hidden, data.n_classes)
-        sgd = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
-        for epoch in range(cfg.train.epochs):
-            for step in unsharded.epoch(epoch, 0):
-                sgd.zero_grad()
-                F.cross_entropy(model(torch.from_numpy(data.x_train[step.indices])),
-                                torch.from_numpy(data.y_train[step.indices])).backward()
-                sgd.step()
+        ht.sequential_sgd(model, data.x_train, data.y_train, ht.global_batches(unsharded, cfg.train.epochs),
+                          lr=cfg.train.lr, momentum=cfg.train.momentum)
         out["single_process_end"] = params(model)
 
     out["lr"] = {}
