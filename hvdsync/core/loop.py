@@ -334,6 +334,8 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
             hooks.on_train_end(ctx)
         finally:
             tracker.finish(ctx.status)
+            # After finish: the tracker writes to a local spool first, and the run id is the store's answer.
+            result.run_id = tracker.run_id
 
 
 def _finish(ctx: TrainContext, start: float) -> None:
@@ -354,7 +356,6 @@ def _finish(ctx: TrainContext, start: float) -> None:
     if not math.isnan(result.test_accuracy):
         final["final_test_accuracy"] = result.test_accuracy
     ctx.tracker.log_metrics(final, step=ctx.cfg.train.epochs)
-    result.run_id = ctx.tracker.run_id
 
 
 def fit_with(init: Callable, build: Callable, cfg=None, data: Dataset | None = None,
