@@ -42,6 +42,7 @@ from hvdsync.core.elastic_loop import FAULTS_ENV, RUN_DIR_ENV
 from hvdsync.launch import ADAPTERS, WorkerError, _environ, preflight, run
 
 DISCOVERY = "discover_hosts.sh"
+GLOO_TIMEOUT_S = 180  # see run_elastic
 UNSAFE_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")  # see run_elastic
 
 
@@ -154,8 +155,12 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
     handler = _DriverLog()
     logging.getLogger().addHandler(handler)
     try:
-        # The driver reads its timeout from the environment of this process.
-        with _environ({"HOROVOD_ELASTIC_TIMEOUT": str(elastic.timeout_s)}):
+        # The driver reads its timeout from the environment of this process. Gloo's own timeout bounds how long the
+        # ranks of a new ring wait for each other in hvd.init(): a joining worker must start (import TensorFlow,
+        # seconds on a busy machine) within it, or the waiting survivor aborts in C++ (gloo::IoException, not a
+        # Python error). Horovod's 30 s default is too short there.
+        gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
+        with _environ({"HOROVOD_ELASTIC_TIMEOUT": str(elastic.timeout_s), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout}):
             results = run(fn, args=args, np=np, env=worker_env, quiet=quiet, progress=progress,
                           log_dir=run_dir, runner_options=options)
     except WorkerError as exc:
