@@ -210,6 +210,22 @@ class ElasticState(State):
             self._pending["size_after"] = self._size()
 
 
+def configured_state(tensors: Tensors, cfg, bcast_object: Callable, get_rank: Callable[[], int],
+                     get_size: Callable[[], int], reset_callbacks: tuple = (), codec: Any = None,
+                     on_event: Callable[[dict], None] | None = None, **user: Any) -> ElasticState:
+    """An :class:`ElasticState` as ``cfg.elastic`` says (what both adapters' ``elastic_state`` call): commit and
+    checkpoint intervals, the store (keyed by the model's fingerprint), the reset callbacks (the learning-rate
+    rule) and, with ``elastic.resume``, the newest valid checkpoint loaded on rank 0 (the first sync hands it on)."""
+    e = cfg.elastic
+    store = CheckpointStore(e.checkpoint_dir, e.keep, tensors.fingerprint) if e.checkpoint_dir else None
+    state = ElasticState(tensors, bcast_object, get_rank, get_size, commit_every=e.commit_every, store=store,
+                         checkpoint_every=e.checkpoint_every, codec=codec, on_event=on_event, **user)
+    state.register_reset_callbacks(list(reset_callbacks))
+    if e.resume and get_rank() == 0:
+        state.load_checkpoint()
+    return state
+
+
 def _jsonable(user: dict) -> dict:
     """The user objects that survive a JSON round trip (only those go into a durable checkpoint: no pickle)."""
     out = {}

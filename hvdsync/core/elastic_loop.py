@@ -16,6 +16,7 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,6 +164,26 @@ def elastic_fit(state: ElasticState, cfg, backend, data: Dataset, record_reads: 
         reads=state.user["reads"].tolist() if record_reads else None,
         timeline=state.user.get("timeline") if record_reads else None, run_id=state.run_id,
         total_seconds=time.perf_counter() - start)
+
+
+def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_elastic: Callable, cfg=None,
+                     data: Dataset | None = None, record_reads: bool = False) -> ElasticResult:
+    """What every adapter's ``fit_elastic`` does: ``init(cfg)``, load the data, ``build`` the backend *without* a
+    broadcast (no collective may run before the elastic loop: its first sync broadcasts), make the state
+    (``make_state(model, optimizer, cfg, codec=...)``) and run :func:`elastic_fit` under ``run_elastic``."""
+    from hvdsync.config import (
+        Config,  # here, not at the top: hvdsync.config imports the core
+    )
+    from hvdsync.core.data import load
+
+    cfg = cfg or Config()
+    init(cfg)
+    data = data if data is not None else load(cfg.data, cfg.train.seed)
+    backend = build(cfg, data, broadcast=False)
+    # Compression state (error-feedback residuals, PowerSGD's Q) is committed and restored with the rest.
+    codec = getattr(getattr(backend.optimizer, "reducer", None), "state", None)
+    state = make_state(backend.model, backend.optimizer, cfg, codec=codec)
+    return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)
 
 
 def _digest(params) -> str:

@@ -21,9 +21,8 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.checkpoint import CheckpointStore
-from hvdsync.core.elastic import ElasticState, run
-from hvdsync.core.elastic_loop import elastic_fit
+from hvdsync.core.elastic import ElasticState, configured_state, run
+from hvdsync.core.elastic_loop import fit_elastic_with
 from hvdsync.core.scaling import scaled_lr
 
 
@@ -91,15 +90,9 @@ def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg=
     from hvdsync.config import Config
 
     cfg = cfg or Config()
-    e = cfg.elastic
-    tensors = TorchTensors(model, optimizer)
-    store = CheckpointStore(e.checkpoint_dir, e.keep, tensors.fingerprint) if e.checkpoint_dir else None
-    state = ElasticState(tensors, hvd.broadcast_object, hvd.rank, hvd.size, commit_every=e.commit_every,
-                         store=store, checkpoint_every=e.checkpoint_every, codec=codec, on_event=on_event, **user)
-    state.register_reset_callbacks([follow_world_size(optimizer, cfg.train.lr, cfg.train.lr_scaling)])
-    if e.resume and hvd.rank() == 0:
-        state.load_checkpoint()
-    return state
+    return configured_state(TorchTensors(model, optimizer), cfg, hvd.broadcast_object, hvd.rank, hvd.size,
+                            [follow_world_size(optimizer, cfg.train.lr, cfg.train.lr_scaling)], codec, on_event,
+                            **user)
 
 
 def _reset() -> None:
@@ -115,16 +108,7 @@ def run_elastic(func: Callable, state: ElasticState) -> Any:
 def fit_elastic(cfg=None, data=None, record_reads: bool = False):
     """hvdsync's built-in model trained elastically (``hvdsync train --elastic``): returns this rank's
     :class:`~hvdsync.core.elastic_loop.ElasticResult`. Runs in each worker of an elastic job."""
-    from hvdsync.config import Config
-    from hvdsync.core.data import load
     from hvdsync.torch.runtime import init
     from hvdsync.torch.train import build
 
-    cfg = cfg or Config()
-    init(cfg)
-    data = data if data is not None else load(cfg.data, cfg.train.seed)
-    backend = build(cfg, data, broadcast=False)  # no collective before the elastic loop: its first sync broadcasts
-    # Compression state (error-feedback residuals, PowerSGD's Q) is committed and restored with the rest.
-    codec = getattr(getattr(backend.optimizer, "reducer", None), "state", None)
-    state = elastic_state(backend.model, backend.optimizer, cfg, codec=codec)
-    return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)
+    return fit_elastic_with(init, build, elastic_state, run_elastic, cfg, data, record_reads)
