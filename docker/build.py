@@ -40,7 +40,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_BASE = "hvdsync-base:bookworm"
-DEFAULT_BASES = {"cpu": "python:3.11-slim-bookworm", "gpu": "nvidia/cuda:13.0.1-devel-ubuntu24.04"}
+# The public bases each Dockerfile defaults to, by build argument (the GPU image builds on CUDA's devel image and
+# runs on its runtime image).
+DEFAULT_BASES = {"cpu": {"BASE_IMAGE": "python:3.11-slim-bookworm"},
+                 "gpu": {"BUILD_IMAGE": "nvidia/cuda:13.0.1-devel-ubuntu24.04",
+                         "BASE_IMAGE": "nvidia/cuda:13.0.1-runtime-ubuntu24.04"}}
 # pip settings that become build arguments (pip reads PIP_<NAME> from the environment of the builder's RUN steps).
 ARG_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "default-timeout")
 # pip settings that name a local file: BuildKit secrets, mounted only into the RUN steps that call pip.
@@ -79,21 +83,26 @@ def image_exists(docker: list[str], image: str) -> bool:
     return subprocess.run(docker + ["image", "inspect", image], capture_output=True).returncode == 0
 
 
-def resolve_base(docker: list[str], wanted: str | None, variant: str) -> str:
-    """The base image to build on: the one asked for, else the public default if it can be pulled, else a local one."""
+def resolve_bases(docker: list[str], wanted: str | None, variant: str) -> dict[str, str]:
+    """The base image(s) to build on, by build argument: the one asked for, else the public defaults if they can be
+    pulled, else a Debian base made here (for every stage: the venv moves between them, so their Python must agree)."""
+    defaults = DEFAULT_BASES[variant]
     if wanted:
-        return wanted
-    public = DEFAULT_BASES[variant]
-    if image_exists(docker, public):
-        return public
-    say(f"pulling {public}")
-    if subprocess.run(docker + ["pull", "-q", public], capture_output=True, timeout=1800).returncode == 0:
-        return public
-    say(f"{public} cannot be pulled (no registry reachable): building on {LOCAL_BASE}, made from Debian packages")
+        return {arg: wanted for arg in defaults}
+    for image in defaults.values():
+        if image_exists(docker, image):
+            continue
+        say(f"pulling {image}")
+        if subprocess.run(docker + ["pull", "-q", image], capture_output=True, timeout=1800).returncode != 0:
+            say(f"{image} cannot be pulled (no registry reachable): building on {LOCAL_BASE}, made from Debian "
+                "packages")
+            break
+    else:
+        return dict(defaults)
     if not image_exists(docker, LOCAL_BASE):
         subprocess.run(["bash", str(ROOT / "docker" / "make_base.sh"), LOCAL_BASE], check=True,
                        env={**os.environ, "DOCKER": docker[0]})
-    return LOCAL_BASE
+    return {arg: LOCAL_BASE for arg in defaults}
 
 
 def pip_settings() -> dict[str, str]:
@@ -201,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         docker = docker_cmd()
         tag = ns.tag or f"hvdsync:{ns.variant}"
-        options = ["--build-arg", f"BASE_IMAGE={resolve_base(docker, ns.base, ns.variant)}"]
+        options = [o for arg, image in resolve_bases(docker, ns.base, ns.variant).items()
+                   for o in ("--build-arg", f"{arg}={image}")]
         cache = None if ns.no_horovod_cache else horovod_cache_image(docker)
         if cache:
             options += ["--build-arg", f"HOROVOD_CACHE={cache}"]
