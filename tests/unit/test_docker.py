@@ -76,6 +76,18 @@ def test_final_stage_has_no_compiler_and_no_source_tree(dockerfile):
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_install_step_gets_every_file_install_sh_reads(dockerfile):
+    # The dependency layer copies only what scripts/install.sh needs (so code edits do not invalidate it): each
+    # top-level file the script names must be copied before the step that runs it.
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    needed = {f for f in ("pyproject.toml", "constraints.txt", "README.md") if f in install and (ROOT / f).exists()}
+    builder = next(s for s in _stages(dockerfile) if " AS builder" in s.split("\n", 1)[0])
+    before = builder.split("install.sh", 1)[0]
+    copied = " ".join(re.findall(r"^COPY (.*)$", before, re.M)).split()
+    assert needed <= set(copied) | {"README.md"}, (needed, copied)   # README.md: a placeholder is made
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_horovod_cache_is_mounted_not_copied(dockerfile):
     text = dockerfile.read_text()
     assert re.search(r"^ARG HOROVOD_CACHE=scratch$", text, re.M)
