@@ -24,6 +24,11 @@ KNOB_FIELDS = {
 }
 
 
+# Horovod 0.28.1 corrupts its heap when an elastic job re-initialises with these fixed (hvdsync/elastic_launch.py
+# says why): in an elastic worker (Horovod sets HOROVOD_ELASTIC=1) they keep Horovod's defaults.
+ELASTIC_UNSAFE_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     rank: int
@@ -42,9 +47,12 @@ class KnobDecision:
     source: str  # "config" (hvdsync set it) or "environment" (the user's environment had it)
 
 
-def apply_horovod_env(sync: Any, environ: MutableMapping[str, str] | None = None) -> list[KnobDecision]:
+def apply_horovod_env(sync: Any, environ: MutableMapping[str, str] | None = None,
+                      initialized: bool = False) -> list[KnobDecision]:
     """Put ``sync.horovod_env()`` into ``environ`` (default ``os.environ``) where it is not set yet; call it before
     ``hvd.init()``. A variable already set keeps its value. Returns one :class:`KnobDecision` per knob.
+    ``initialized``: Horovod already read its environment (an earlier ``hvd.init()``), so nothing is set: a value
+    written now would be recorded without having applied.
 
     Example:
         >>> env = {"HOROVOD_CYCLE_TIME": "5"}
@@ -54,8 +62,12 @@ def apply_horovod_env(sync: Any, environ: MutableMapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     decisions = []
     for name, value in sync.horovod_env().items():
-        if name in environ:
+        if initialized:
+            decisions.append(KnobDecision(name, value, environ.get(name, "Horovod's default"), "already initialized"))
+        elif name in environ:
             decisions.append(KnobDecision(name, value, environ[name], "environment"))
+        elif environ.get("HOROVOD_ELASTIC") == "1" and name in ELASTIC_UNSAFE_KNOBS:
+            decisions.append(KnobDecision(name, value, "Horovod's default", "elastic"))
         else:
             environ[name] = value
             decisions.append(KnobDecision(name, value, value, "config"))
@@ -67,11 +79,14 @@ _REPORTED: set[str] = set()
 
 def report_knobs(decisions: list[KnobDecision], rank: int, stream: Any = None) -> str | None:
     """On rank 0, say once per process which knobs the environment overrode (nothing when the config's applied)."""
-    overridden = [d for d in decisions if d.source == "environment" and d.applied != d.configured]
+    overridden = [d for d in decisions if d.source in ("environment", "already initialized")
+                  and d.applied != d.configured]
     if rank != 0 or not overridden:
         return None
-    parts = [f"{d.name}={d.applied} from the environment wins over {KNOB_FIELDS[d.name][0]} "
-             f"(config: {d.configured})" for d in overridden]
+    why = {"environment": "from the environment wins", "already initialized": "stays (Horovod was initialised "
+           "before), not"}
+    parts = [f"{d.name}={d.applied} {why[d.source]} over {KNOB_FIELDS[d.name][0]} (config: {d.configured})"
+             for d in overridden]
     message = "hvdsync: " + "; ".join(parts) + "; the run records the values that applied"
     if message in _REPORTED:
         return None
@@ -82,11 +97,14 @@ def report_knobs(decisions: list[KnobDecision], rank: int, stream: Any = None) -
 
 def applied_params(cfg: Any, environ: MutableMapping[str, str] | None = None) -> dict[str, Any]:
     """``cfg.flat()`` with each Horovod knob replaced by the value the worker's environment holds (what Horovod
-    read at ``hvd.init()``), plus ``horovod.<VARIABLE>`` with the raw strings: what a run record should claim."""
+    read at ``hvd.init()``), plus ``horovod.<VARIABLE>`` with the raw strings: what a run record should claim.
+    A variable that is not set is recorded as Horovod's default, not as the config's value."""
     environ = os.environ if environ is None else environ
     params = dict(cfg.flat())
     for name, (field, parse) in KNOB_FIELDS.items():
-        if name in environ:
+        if name not in environ:
+            params[field] = f"Horovod's default ({name} not set)"
+        else:
             params[f"horovod.{name}"] = environ[name]
             try:
                 value = parse(environ[name])

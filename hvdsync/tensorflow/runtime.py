@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from hvdsync.core import seeding
 from hvdsync.core.observe import prepare_timeline
-from hvdsync.core.runtime import WorkerInfo
+from hvdsync.core.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
 
 def _set_threads(n: int) -> None:
@@ -48,7 +48,10 @@ def init(cfg=None) -> WorkerInfo:
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
     prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
+    # Horovod's knobs from cfg.sync unless the environment sets them (hvdsync.core.runtime), as in hvdsync.torch.init.
+    knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
     hvd.init()
+    report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
     _pin_gpu(info.local_rank)
     _set_threads(seeding.threads_per_worker(info.local_size))

@@ -26,7 +26,7 @@ def init(cfg=None) -> WorkerInfo:
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
     prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
-    knobs = apply_horovod_env(cfg.sync)
+    knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
     hvd.init()
     report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())

@@ -72,3 +72,19 @@ def test_knobs_come_from_the_config_unless_the_environment_sets_them():
     params = applied_params(cfg, env)
     assert params["sync.fusion_threshold_mb"] == 8 and params["sync.cycle_time_ms"] == 5.0   # what applied
     assert params["horovod.HOROVOD_FUSION_THRESHOLD"] == str(8 * 1024 * 1024)
+
+
+def test_a_knob_that_could_not_apply_is_never_claimed():
+    sync = SyncConfig(fusion_threshold_mb=8)
+    # An elastic worker (Horovod sets HOROVOD_ELASTIC=1) keeps Horovod's fusion and cycle defaults: Horovod 0.28.1
+    # corrupts its heap re-initialising with them fixed (hvdsync/elastic_launch.py).
+    env = {"HOROVOD_ELASTIC": "1"}
+    sources = {d.name: d.source for d in apply_horovod_env(sync, env)}
+    assert sources == {"HOROVOD_FUSION_THRESHOLD": "elastic", "HOROVOD_CYCLE_TIME": "elastic",
+                       "HOROVOD_CACHE_CAPACITY": "config"}
+    assert "HOROVOD_FUSION_THRESHOLD" not in env and env["HOROVOD_CACHE_CAPACITY"] == "1024"
+    # Horovod initialised before: nothing is written, and what was not set is recorded as Horovod's default.
+    late = {}
+    assert {d.source for d in apply_horovod_env(sync, late, initialized=True)} == {"already initialized"}
+    params = applied_params(Config.from_dict({"sync": {"fusion_threshold_mb": 8}}), late)
+    assert late == {} and params["sync.fusion_threshold_mb"] == "Horovod's default (HOROVOD_FUSION_THRESHOLD not set)"
