@@ -6,35 +6,32 @@ Returns numbers; tests/parallel/test_torch_user_data.py asserts on them.
 import numpy as np
 
 
+def _example():
+    """The user code of examples/train_torch_cnn.py (its Dataset and CNN), loaded from the file: the checks train
+    what the example trains."""
+    import pathlib
+    import runpy
+
+    import hvdsync
+
+    path = pathlib.Path(hvdsync.__file__).resolve().parents[1] / "examples" / "train_torch_cnn.py"
+    return runpy.run_path(str(path), run_name="example")
+
+
 def _datasets():
-    import torch
-    from torch.utils.data import Dataset
+    DigitImages = _example()["DigitImages"]
 
-    class Images(Dataset):
-        """A user's own map-style Dataset: (image as C x H x W, label, index); the index lets the test count reads."""
-
-        def __init__(self, x, y):
-            self.x, self.y = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(y)
-
-        def __len__(self):
-            return len(self.y)
+    class Indexed(DigitImages):
+        """The example's Dataset, also returning each sample's index, so the test can count reads."""
 
         def __getitem__(self, i):
-            return self.x[i], self.y[i], i
+            return (*super().__getitem__(i), i)
 
-    class Pairs(Images):
-        def __getitem__(self, i):
-            return self.x[i], self.y[i]
-
-    return Images, Pairs
+    return Indexed, DigitImages
 
 
 def _user_cnn(n_classes=10, width=16):
-    """A user's CNN for 1 x 8 x 8 images: two convolutions, max-pooling, a linear classifier."""
-    from torch import nn
-
-    return nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, 2 * width, 3, padding=1),
-                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * width * 16, n_classes))
+    return _example()["SmallCNN"](n_classes, width)
 
 
 def run_checks(seed=5, batch=16, accumulate=2, epochs=4):
@@ -152,3 +149,17 @@ def run_checks(seed=5, batch=16, accumulate=2, epochs=4):
         errors["no_loss"] = str(exc)
     out["errors"] = errors
     return out
+
+
+if __name__ == "__main__":
+    # The figures the README states: `python -m tests.parallel.torch_user_checks` (2 local workers).
+    import json
+
+    from hvdsync import launch
+
+    r = launch.run(run_checks, np=2, progress=False)[0]
+    print(json.dumps({"big_batch_max_diff": r["big_batch_max_diff"], "big_batch_moved": r["big_batch_moved"],
+                      "reads_once": all(c == [1] * 301 for c in r["reads_per_epoch"]),
+                      "resume_reads_once": r["same_world_reads"] == [1] * 301 and r["resized_reads"] == [1] * 301,
+                      "fit_test_accuracy": r["fit"]["test_accuracy"], "fit_history": r["fit_history"],
+                      "errors": r["errors"]}, indent=1))
