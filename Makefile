@@ -23,6 +23,7 @@ lab: install
 
 bench: install
 	$(PY) benchmarks/allreduce.py
+	$(PY) benchmarks/compression.py
 
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"

@@ -257,3 +257,69 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
     results = run(_fit_worker, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, quiet=quiet,
                   progress=progress, log_dir=log_dir)
     return FitResult(**results[0])
+
+
+def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict]:
+    """Inside a worker: train every config in turn (one Horovod start-up for all); see :func:`train_many`."""
+    from hvdsync.core import data as datasets
+    from hvdsync.core import monitor
+    from hvdsync.core.codecs import get_codec
+    from hvdsync.core.loop import fit_loop
+
+    out = []
+    for cfg_dict in cfg_dicts:
+        cfg = Config.from_dict(cfg_dict)
+        adapter = importlib.import_module(ADAPTERS[cfg.train.framework])
+        adapter.init(cfg)
+        data = datasets.load(cfg.data, cfg.train.seed)
+        backend = adapter.build(cfg, data)
+        spreads: list[float] = []
+        if check_every_step:
+            step = backend.train_step
+
+            def checked_step(micro, scale, step=step, backend=backend):
+                loss = step(micro, scale)
+                # Every rank's parameter fingerprint after the step: any difference is a divergence.
+                spreads.append(monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters()))))
+                return loss
+
+            backend.train_step = checked_step
+        result = fit_loop(cfg, backend, data).to_dict()
+        codec = get_codec(cfg.sync.compression)
+        params = backend.parameters()
+        result["numel"] = int(sum(p.size for p in params))
+        result["wire_bytes_per_step_formula"] = int(sum(codec.wire_bytes(p.shape, p.itemsize) for p in params))
+        result["step_spread_max"] = max(spreads) if spreads else None
+        precision = getattr(backend, "precision", None)
+        result["skipped_steps"] = getattr(precision, "skipped_steps", 0)
+        result["config"] = cfg.to_dict()
+        out.append(result)
+    return out
+
+
+def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool = True,
+               log_dir: str | Path | None = None) -> list[dict]:
+    """Train several configs one after the other in *one* job of workers (one Horovod start-up for all); returns
+    rank 0's result of each, as :meth:`FitResult.to_dict` plus ``numel``, ``wire_bytes_per_step_formula`` (what
+    the codec's formula says one rank hands to Horovod per step), ``skipped_steps`` (mixed precision) and
+    ``step_spread_max`` (with ``check_every_step``: the largest difference between the ranks' parameter
+    fingerprints after any step; 0.0 means identical after every step).
+
+    All configs must ask for the same ``train.np`` and the same Horovod knobs (the workers are started once).
+
+    Example:
+        >>> base = Config.from_dict({"train": {"epochs": 3}, "tracking": {"enabled": False}})
+        >>> results = train_many([base.replace(sync={"compression": c}) for c in ("none", "topk:0.01")])  # doctest: +SKIP
+    """
+    if not cfgs:
+        return []
+    for cfg in cfgs:
+        preflight(cfg)
+    first = cfgs[0]
+    for cfg in cfgs[1:]:
+        if cfg.train.np != first.train.np or cfg.sync.horovod_env() != first.sync.horovod_env():
+            raise ConfigError("train_many: every config must use the same train.np and Horovod knobs "
+                              "(sync.fusion_threshold_mb, sync.cycle_time_ms, sync.cache_capacity)")
+    results = run(fit_many, args=([c.to_dict() for c in cfgs], check_every_step), np=first.train.np,
+                  sync=first.sync, quiet=quiet, progress=False, log_dir=log_dir)
+    return results[0]

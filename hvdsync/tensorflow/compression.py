@@ -46,6 +46,9 @@ class TFOps:
     def cast(self, x, dtype):
         return tf.cast(x, dtype)
 
+    def bitcast(self, x, dtype):
+        return tf.bitcast(x, dtype)
+
     def reshape(self, x, shape):
         return tf.reshape(x, tuple(shape))
 
@@ -164,13 +167,28 @@ class CodecReducer:
         self.state = CodecState(self.codec, shapes, self.ops, seed)
         self.op = hvd.Average if sync.op == "average" else hvd.Sum
         self.ctx = ReduceContext(hvd.size(), sync.op == "average", sync.error_feedback, seed, hvd.rank())
+        # Set by hvdsync.tensorflow.precision.MixedPrecision under fp16: a callable returning the loss scale.
+        self.loss_scale = None
         self._round = 0
 
     def reduce(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """The combined gradients, identical on every rank. Every rank must call it, with the same shapes."""
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        if self.loss_scale is None:
+            return self._reduce(grads)
+        # Under loss scaling a step may overflow. Then the codec must not run (its residuals and Q would take the
+        # inf for good): every rank learns whether any rank overflowed, and all hand the gradients back as they are
+        # (the loss-scale optimizer's all-reduced check then skips the update everywhere). Otherwise the codec
+        # works on the real gradient, so residuals keep their meaning when the scale changes.
+        scale = self.loss_scale()
+        bad = hvd.allreduce(tf.reshape(tf.cast(tf.logical_not(self.ops.all_finite(grads)), tf.float32), [1]),
+                            op=hvd.Max, name="hvdsync.codec.overflow")
+        return tf.cond(tf.equal(bad[0], 0.0), lambda: [g * scale for g in self._reduce([g / scale for g in grads])],
+                       lambda: list(grads))
+
+    def _reduce(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         self._round = 0
-        out = reduce_all(self.codec, self.ops, [tf.convert_to_tensor(g) for g in grads], self.state, self.ctx,
-                         self._execute)
+        out = reduce_all(self.codec, self.ops, grads, self.state, self.ctx, self._execute)
         n = len(grads)
         tf.py_function(lambda: self.counter.add_gradients(n) or [], [], [])  # runs at every graph run (see above)
         return out

@@ -19,6 +19,7 @@ from hvdsync.core.scaling import scaled_lr
 from hvdsync.registry import build_model
 from hvdsync.tensorflow.models import local_optimizer
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer
+from hvdsync.tensorflow.precision import MixedPrecision
 from hvdsync.tensorflow.runtime import init
 
 
@@ -31,10 +32,16 @@ class TensorFlowBackend:
 
     framework = "tensorflow"
 
-    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, sync, broadcast: bool = True) -> None:
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, sync, broadcast: bool = True,
+                 precision: MixedPrecision | None = None, seed: int = 0) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
         self.model, self.timer = model, PhaseTimer()
-        self.optimizer = distributed_optimizer(optimizer, model, sync)
+        # Mixed precision: the policy was set before the model was built; fp16 wraps the local optimizer in a
+        # loss-scale optimizer whose skip decision is all-reduced (hvdsync.tensorflow.precision).
+        self.precision = precision if precision is not None else MixedPrecision("fp32")
+        optimizer = self.precision.wrap(optimizer)
+        self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed)
+        self.precision.attach(self.optimizer)
         self.wire = self.optimizer.counter  # what the optimizer's compressor hands to Horovod
         if broadcast:  # rank 0's model and optimizer variables to every rank (elastic: the state's first sync does)
             broadcast_state(self.model, self.optimizer)
@@ -56,11 +63,11 @@ class TensorFlowBackend:
 
     def _backward_pass(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            logits = self.model(x, training=True)
+            logits = tf.cast(self.model(x, training=True), tf.float32)  # the loss in float32 under mixed precision
             loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
             # Summed loss times the global-step scale (hvdsync.core.scaling): the optimizer *adds* each pass's
             # gradients, so after `accumulate` passes the sum is the gradient of the mean over the whole global step.
-            scaled = loss * scale
+            scaled = self.precision.scale_loss(loss * scale)
         self.optimizer.accumulate(tape.gradient(scaled, self.model.trainable_variables))
         return loss
 
@@ -92,9 +99,10 @@ class TensorFlowBackend:
 def build(cfg, data: datasets.Dataset, broadcast: bool = True) -> TensorFlowBackend:
     """The Keras model, its local optimizer (learning rate scaled per ``train.lr_scaling``), wrapped for Horovod;
     ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
+    precision = MixedPrecision(cfg.train.precision)  # sets Keras' dtype policy for the layers built next
     model = build_model(cfg, data, "tensorflow")
     optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast)
+    return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast, precision=precision, seed=cfg.train.seed)
 
 
 def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None) -> FitResult:

@@ -23,7 +23,7 @@ from hvdsync.core.codecs import (Allreduce, Codec, CodecState, ReduceContext, Wi
                                  reduce_all)
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-           "int8": torch.int8, "int32": torch.int32, "int64": torch.int64}
+           "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -44,6 +44,9 @@ class TorchOps:
 
     def cast(self, x, dtype):
         return x.to(_DTYPES[dtype])
+
+    def bitcast(self, x, dtype):
+        return x.view(_DTYPES[dtype])
 
     def reshape(self, x, shape):
         return x.reshape(tuple(shape))

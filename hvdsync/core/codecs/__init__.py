@@ -6,7 +6,8 @@
 codec              what travels per gradient of n float32 values (bytes per rank)     module
 =================  ================================================================  ===================================
 ``none``           n float32 (4n), all-reduce                                          :mod:`~hvdsync.core.codecs.cast`
-``fp16``, ``bf16``  n 16-bit floats (2n), all-reduce                                     :mod:`~hvdsync.core.codecs.cast`
+``fp16``           n float16 (2n), all-reduce                                          :mod:`~hvdsync.core.codecs.cast`
+``bf16``           n bfloat16 bit patterns (2n), allgather, summed in float32          :mod:`~hvdsync.core.codecs.cast`
 ``topk:<ratio>``   k = floor(ratio n) values + int32 indices (8k), allgather            :mod:`~hvdsync.core.codecs.sparse`
 ``randk:<ratio>``  k values at positions every rank draws alike (4k), all-reduce        :mod:`~hvdsync.core.codecs.sparse`
 ``int8``           n int8 + one float32 scale (n + 4), allgather                        :mod:`~hvdsync.core.codecs.quantize`

@@ -29,6 +29,9 @@ class NumpyOps:
     def cast(self, x, dtype):
         return np.asarray(x).astype(_np_dtype(dtype))
 
+    def bitcast(self, x, dtype):
+        return np.asarray(x).view(_np_dtype(dtype))
+
     def reshape(self, x, shape):
         return np.reshape(x, tuple(shape))
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hvdsync.core.codecs.base import Codec
-from hvdsync.core.codecs.cast import Cast
+from hvdsync.core.codecs.cast import BF16, Cast
 from hvdsync.core.codecs.powersgd import PowerSGD
 from hvdsync.core.codecs.quantize import Int8
 from hvdsync.core.codecs.sparse import RandK, TopK
@@ -32,7 +32,7 @@ class CodecEntry:
 CODECS: dict[str, CodecEntry] = {
     "none": CodecEntry(lambda: Cast("none", None)),
     "fp16": CodecEntry(lambda: Cast("fp16", "float16")),
-    "bf16": CodecEntry(lambda: Cast("bf16", "bfloat16")),
+    "bf16": CodecEntry(BF16),
     "topk": CodecEntry(TopK, "ratio", 0.01),
     "randk": CodecEntry(RandK, "ratio", 0.01),
     "int8": CodecEntry(Int8),

@@ -1,0 +1,85 @@
+"""Every codec and mixed precision on real Horovod workers (2 processes, Gloo), in both frameworks.
+
+One worker job per framework (tests/parallel/codec_checks.py) trains digits with every codec, comparing the ranks'
+parameters after every step, then forces an fp16 overflow on rank 0 only; each test asserts one promise.
+"""
+import cloudpickle
+import pytest
+
+from hvdsync import launch
+from tests.parallel import codec_checks
+
+cloudpickle.register_pickle_by_value(codec_checks)
+FRAMEWORKS = ["torch", "tensorflow"]
+
+
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def checks(request):
+    results = launch.run(codec_checks.all_checks, args=(request.param,), np=2, progress=False)
+    assert len(results) == 2
+    runs = {(r["config"]["sync"]["compression"], r["config"]["sync"]["error_feedback"]): r for r in results[0]["runs"]}
+    for (spec, ef), r in runs.items():   # shown with pytest -s (and on failure)
+        print(f"{request.param:<10} {spec:<11} ef={ef!s:<5} accuracy {r['test_accuracy']:.4f} "
+              f"bytes/step {r['wire']['bytes'] / r['optimizer_steps']:>8.0f}")
+    return {"framework": request.param, "runs": runs, "overflow": results[0]["overflow"], "rank1": results[1]}
+
+
+def test_ranks_hold_identical_parameters_after_every_step(checks):
+    for key, r in checks["runs"].items():
+        assert r["step_spread_max"] == 0.0 and r["param_spread"] == 0.0, key
+        assert r["optimizer_steps"] == 220, key
+
+
+def test_counted_wire_bytes_equal_the_codec_formula(checks):
+    for key, r in checks["runs"].items():
+        assert r["wire"]["bytes"] == r["wire_bytes_per_step_formula"] * r["optimizer_steps"], key
+        assert r["allreduce_rounds"] == r["optimizer_steps"], key   # one reduction per step, however many pieces
+
+
+def test_compression_ratios(checks):
+    runs = checks["runs"]
+    none = runs[("none", True)]["wire"]["bytes"]
+    assert none == 4 * runs[("none", True)]["numel"] * 220
+    assert runs[("fp16", True)]["wire"]["bytes"] * 2 == none        # exactly half
+    assert runs[("bf16", True)]["wire"]["bytes"] * 2 == none
+    assert none / runs[("topk:0.01", True)]["wire"]["bytes"] >= 50   # values + indices counted
+    assert 3.9 < none / runs[("int8", True)]["wire"]["bytes"] <= 4
+    assert none / runs[("randk:0.1", True)]["wire"]["bytes"] >= 10
+    assert none / runs[("powersgd:2", True)]["wire"]["bytes"] > 9    # 10x on this small MLP; the benchmark's: > 20x
+    assert runs[("fp16", True)]["wire"]["dtypes"] == ["float16"]
+    assert runs[("bf16", True)]["wire"]["dtypes"] == ["int16"]       # bfloat16 bit patterns (see codecs/cast.py)
+    assert runs[("topk:0.01", True)]["wire"]["dtypes"] == ["float32", "int32"]
+    assert runs[("int8", True)]["wire"]["dtypes"] == ["float32", "int8"]
+
+
+def test_each_codec_trains_digits_above_its_stated_accuracy(checks):
+    for spec, ef, stated in codec_checks.CODECS:
+        assert checks["runs"][(spec, ef)]["test_accuracy"] >= stated, (spec, ef)
+
+
+def test_targets_against_no_compression(checks):
+    runs = checks["runs"]
+    none = runs[("none", True)]["test_accuracy"]
+    for spec in ("fp16", "bf16", "int8"):
+        assert runs[(spec, True)]["test_accuracy"] >= none - 0.005, spec
+    assert runs[("topk:0.01", True)]["test_accuracy"] >= none - 0.01
+    # powersgd:2's target (within 1 point, >= 20x fewer bytes) is for the benchmark's wide MLP
+    # (benchmarks/compression.py); on this 4,810-parameter MLP it is held to its stated accuracy only.
+    # Error feedback is what makes top-1% work: without it, the same steps reach measurably less.
+    assert runs[("topk:0.01", False)]["test_accuracy"] < runs[("topk:0.01", True)]["test_accuracy"] - 0.02
+
+
+@pytest.mark.parametrize("spec", ["none", "topk:0.01"])
+def test_a_forced_overflow_on_one_rank_skips_the_step_on_both_and_lowers_the_scale(checks, spec):
+    rows = checks["overflow"][spec]
+    at = 3
+    for i, row in enumerate(rows):
+        assert row["spread"] == 0.0, (spec, i)                      # identical parameters after every step
+        assert row["skipped"] == (i == at), (spec, i)
+    assert rows[at]["change"] == 0.0                                # the step was skipped ...
+    assert rows[at]["scale_after"] == rows[at]["scale_before"] / 2  # ... and the scale halved,
+    assert all(r["change"] > 0 for i, r in enumerate(rows) if i != at)
+    # on rank 1 too, which did not overflow itself.
+    other = checks["rank1"]["overflow"][spec]
+    assert [r["skipped"] for r in other] == [r["skipped"] for r in rows]
+    assert [r["scale_after"] for r in other] == [r["scale_after"] for r in rows]
