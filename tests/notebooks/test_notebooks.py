@@ -142,7 +142,7 @@ def test_notebook_follows_its_guide_section(stem):
 @pytest.mark.parametrize("stem", STEMS)
 def test_workers_are_started_only_through_hvdsync(stem):
     code = _code(_read_ipynb(stem))
-    assert re.search(r"launch\.(run|train)\(", code), f"{stem}: start Horovod workers with hvdsync.launch"
+    assert re.search(r"launch\.(run|train|train_many)\(", code), f"{stem}: start Horovod workers with hvdsync.launch"
     assert not SHELLING_OUT.search(code), f"{stem}: {SHELLING_OUT.search(code).group(0)!r}: no hand-built commands"
 
 
