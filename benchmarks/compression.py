@@ -40,7 +40,7 @@ def configs(framework: str, codecs: list[str], quick: bool, error_feedback: bool
     data = ({"dataset": "synthetic", "synthetic_samples": 1024, "synthetic_features": 64, "batch_size": 32}
             if quick else
             {"dataset": "synthetic", "synthetic_samples": 4096, "synthetic_features": 1024, "batch_size": 32})
-    train = {"framework": framework, "np": 2, "epochs": 1 if quick else 3, "hidden": 256 if quick else 4096,
+    train = {"framework": framework, "np": 2, "epochs": 1 if quick else 2, "hidden": 256 if quick else 4096,
              "optimizer": "sgd", "momentum": 0.0, "lr": 0.1}
     return [Config.from_dict({"sync": {"compression": c, "error_feedback": error_feedback}, "data": data,
                               "train": train, "tracking": {"enabled": False}}) for c in codecs]

@@ -221,3 +221,14 @@ def test_cast_codecs_halve_the_bytes_and_round_like_the_format():
     assert counter.bytes == x.nbytes // 2 and counter.snapshot()["dtypes"] == ["int16"]
     assert get_codec("none").encode(ops, x) is x
     assert not get_codec("fp16").applies_to("int64")
+
+
+def test_codec_state_of_finds_the_state_behind_an_optimizer():
+    from types import SimpleNamespace
+
+    from hvdsync.core.codecs import codec_state_of
+
+    state = _states(get_codec("topk:0.1"), 1)[0]
+    assert codec_state_of(SimpleNamespace(reducer=SimpleNamespace(state=state))) is state
+    assert codec_state_of(SimpleNamespace(reducer=SimpleNamespace(state=None))) is None   # a cast codec
+    assert codec_state_of(object()) is None                                               # Horovod's own optimizer

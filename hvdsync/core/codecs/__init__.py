@@ -22,7 +22,7 @@ from hvdsync.core.codecs.base import (Allgather, Allreduce, Codec, Ops, ReduceCo
                                       numel)
 from hvdsync.core.codecs.driver import reduce_all
 from hvdsync.core.codecs.registry import CODECS, choices, get_codec, register_codec
-from hvdsync.core.codecs.state import CodecState
+from hvdsync.core.codecs.state import CodecState, codec_state_of
 
 __all__ = ["Allgather", "Allreduce", "CODECS", "Codec", "CodecState", "Ops", "ReduceContext", "WireCounter",
-           "choices", "get_codec", "mix_seed", "numel", "reduce_all", "register_codec"]
+           "choices", "codec_state_of", "get_codec", "mix_seed", "numel", "reduce_all", "register_codec"]

@@ -61,3 +61,9 @@ class CodecState:
                     raise ValueError(f"codec state: parameter {i} slot {name!r} has shape "
                                      f"{self.ops.to_numpy(slot).shape}, saved {value.shape}")
                 self.ops.assign(slot, value)
+
+
+def codec_state_of(optimizer: Any) -> CodecState | None:
+    """The :class:`CodecState` behind an hvdsync distributed optimizer of either framework (its ``reducer.state``),
+    or ``None`` when its codec keeps no state (``none``, ``fp16``). What elastic commits and checkpoints save."""
+    return getattr(getattr(optimizer, "reducer", None), "state", None)
