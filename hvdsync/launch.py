@@ -277,7 +277,7 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
         if check_every_step:
             step = backend.train_step
 
-            def checked_step(micro, scale, step=step, backend=backend):
+            def checked_step(micro, scale, step=step, backend=backend, spreads=spreads):
                 loss = step(micro, scale)
                 # Every rank's parameter fingerprint after the step: any difference is a divergence.
                 spreads.append(monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters()))))

@@ -4,8 +4,10 @@
 all-reduce from the backward hooks. Horovod 0.28.1 cannot all-reduce bfloat16 tensors (its PyTorch extension has no
 bfloat16 kernels: "Tensor type torch.BFloat16Tensor is not supported"), so ``bf16`` travels as the raw 16-bit
 patterns through an allgather (int16, 2 bytes per value, the same bytes as fp16) and every rank sums the ranks'
-bfloat16 values in float32: one rounding per rank instead of one per partial sum. fp16 has 10 mantissa bits and a range up to 65,504; bf16 has 7 mantissa bits and float32's
-range (notebook 09 plots both): bf16 rounds more coarsely but never overflows where float32 does not.
+bfloat16 values in float32: one rounding per rank instead of one per partial sum.
+
+fp16 has 10 mantissa bits and a range up to 65,504; bf16 has 7 mantissa bits and float32's range (notebook 09
+plots both): bf16 rounds more coarsely but never overflows where float32 does not.
 """
 from __future__ import annotations
 
