@@ -17,16 +17,16 @@ the durable checkpoints; a new job with ``--set elastic.resume=true`` starts fro
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 import hvdsync.torch as hs
 from hvdsync.config import from_command_line
 from hvdsync.core.data import load
-from hvdsync.core.scaling import loss_scale
-from hvdsync.core.sharding import ShardPlan
 
 cfg = from_command_line(framework="torch")
 hs.init(cfg)
 data = load(cfg.data, cfg.train.seed)
+dataset = TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))  # your own Dataset
 
 # Your model and optimizer (anything torch): nothing collective yet, the state's first sync broadcasts rank 0's.
 model = torch.nn.Sequential(torch.nn.Linear(data.n_features, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -36,21 +36,22 @@ state = hs.elastic_state(model, optimizer, cfg)
 
 
 def train(state):
-    size, rank = hvd.size(), hvd.rank()  # read again on every (re-)entry: they change when the job resizes
-    plan = ShardPlan(len(data.x_train), size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed)
+    # Re-entered after every reset: a sampler for the current world size, at the committed position, so the rest
+    # of the epoch is re-planned from the samples consumed (no sample twice, none skipped).
+    sampler = hs.PlanSampler(dataset, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed)
+    sampler.load_state_dict(state.plan_state())
+    loader = DataLoader(dataset, batch_sampler=sampler)
     while state.position.epoch < cfg.train.epochs:
-        # The rest of this epoch, cut for the current world size, from the samples already consumed.
-        for step in plan.epoch(state.position.epoch, rank, start=state.position.consumed):
+        sampler.set_epoch(state.position.epoch)  # keeps a mid-epoch position loaded above
+        for micro, step in sampler.steps(loader):
             optimizer.zero_grad()
-            for idx in step.micro:
-                x, y = torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
-                loss = F.cross_entropy(model(x), y, reduction="sum")
-                (loss * loss_scale(step.global_count, size, cfg.sync.op)).backward()
+            for x, y in micro:
+                (F.cross_entropy(model(x), y, reduction="sum") * sampler.scale(step)).backward()
             optimizer.step()
             state.step_done(step.global_count)  # commits every elastic.commit_every steps
         state.epoch_done()
-        if rank == 0:
-            print(f"epoch {state.position.epoch} done on {size} workers, step {state.position.step}", flush=True)
+        if hvd.rank() == 0:
+            print(f"epoch {state.position.epoch} done on {hvd.size()} workers, step {state.position.step}", flush=True)
 
 
 hs.run_elastic(train, state)

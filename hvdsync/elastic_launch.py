@@ -39,11 +39,12 @@ from pathlib import Path
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic_loop import FAULTS_ENV, RUN_DIR_ENV
+from hvdsync.core.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import ADAPTERS, WorkerError, _environ, preflight, run
 
 DISCOVERY = "discover_hosts.sh"
 GLOO_TIMEOUT_S = 180  # see run_elastic
-UNSAFE_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")  # see run_elastic
+
 
 
 def local_hosts() -> list[str]:
@@ -149,7 +150,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
     # indices into the shorter vector; with both fixed the survivor segfaults in hvd.init(). Fixing only one writes
     # out of bounds too. So an elastic job keeps Horovod's own fusion (128 MiB) and cycle time (1 ms), which
     # measure alike to hvdsync's (benchmarks/README.md), and passes the cache capacity only.
-    knobs = {k: v for k, v in (sync.horovod_env() if sync is not None else {}).items() if k not in UNSAFE_KNOBS}
+    knobs = {k: v for k, v in (sync.horovod_env() if sync is not None else {}).items() if k not in ELASTIC_UNSAFE_KNOBS}
     worker_env = {**knobs, RUN_DIR_ENV: str(run_dir), FAULTS_ENV: faults or os.environ.get(FAULTS_ENV, ""),
                   **(env or {})}
     handler = _DriverLog()

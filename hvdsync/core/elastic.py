@@ -142,6 +142,12 @@ class ElasticState(State):
         self._apply(self._saved)
 
     # ---- the training loop's calls ----------------------------------------------------------------------------------
+    def plan_state(self) -> dict[str, int]:
+        """``{"epoch", "consumed"}`` of the committed position: load it into a fresh ``hvdsync.torch.PlanSampler``
+        (built for the current world size) on every (re-)entry of the training function, and the sampler reads
+        exactly the samples of the epoch not yet trained on."""
+        return {"epoch": self.position.epoch, "consumed": self.position.consumed}
+
     def step_done(self, global_samples: int) -> None:
         """After every optimizer step: advance the position; close a pending reset record; commit when due.
 

@@ -209,3 +209,15 @@ def test_elastic_config_errors_name_the_field(raw, message):
     with pytest.raises(ConfigError) as err:
         Config.from_dict(raw)
     assert str(err.value).startswith(message)
+
+
+def test_an_elastic_worker_leaves_fusion_and_cycle_time_to_horovod():
+    # Horovod 0.28.1 segfaults re-initialising after a reset when both were set (hvdsync/core/runtime.py).
+    from hvdsync.core.runtime import apply_horovod_env
+
+    env = {"HOROVOD_ELASTIC": "1"}
+    apply_horovod_env(Config().sync, env)
+    assert set(env) == {"HOROVOD_ELASTIC", "HOROVOD_CACHE_CAPACITY"}
+    plain = {}
+    apply_horovod_env(Config().sync, plain)
+    assert {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"} <= set(plain)
