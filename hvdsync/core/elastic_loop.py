@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdsync.core import monitor
+from hvdsync.core.codecs import codec_state_of
 from hvdsync.core.data import Dataset
 from hvdsync.core.elastic import ElasticState
 from hvdsync.core.progress import Progress
@@ -181,8 +182,7 @@ def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_
     data = data if data is not None else load(cfg.data, cfg.train.seed)
     backend = build(cfg, data, broadcast=False)
     # Compression state (error-feedback residuals, PowerSGD's Q) is committed and restored with the rest.
-    codec = getattr(getattr(backend.optimizer, "reducer", None), "state", None)
-    state = make_state(backend.model, backend.optimizer, cfg, codec=codec)
+    state = make_state(backend.model, backend.optimizer, cfg, codec=codec_state_of(backend.optimizer))
     return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)
 
 
