@@ -84,6 +84,8 @@ def _train(ns: argparse.Namespace) -> int:
         result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
     else:
         result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+    for message in getattr(result, "warnings", []):  # monitor alarms, a store that did not answer: once each
+        print(f"hvdsync: warning: {message}", file=sys.stderr)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
     return 0
 

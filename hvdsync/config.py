@@ -350,7 +350,7 @@ class MonitorConfig:
     """
 
     every: int = 10
-    straggler_ratio: float = 2.0
+    straggler_ratio: float = 3.0
     divergence_tolerance: float = 0.0
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from hvdsync.core.tracking import FINAL_METRICS, resolve_uri
 
 # The final figures ``list`` and ``compare`` show (higher is better for all but the times and the loss).
 SHOWN_METRICS = ("final_test_accuracy", "train_loss", "samples_per_second", "total_seconds", "wire_bytes")
+# Params that name or place a run rather than configure its training: never listed as a difference.
+NOT_SETTINGS = ("tracking.run_name", "tracking.parent_run_id", "tracking.spool_dir")
 # The curves ``compare`` plots: (metric, title), the per-step one when the run has it.
 CURVES = (("step/loss", "train_loss", "loss"), ("test_accuracy", "test_accuracy", "test accuracy"),
           ("step/samples_per_second", "samples_per_second", "samples/s"))
@@ -88,7 +91,7 @@ def compare(run_ids: list[str], uri: str = "", baseline: str | None = None, out:
         raise ConfigError(f"--baseline: {baseline!r} is not one of the compared runs")
     keys = sorted(set().union(*(r.data.params for r in runs)))
     differing = {k: [r.data.params.get(k) for r in runs] for k in keys
-                 if len({r.data.params.get(k) for r in runs}) > 1}
+                 if k not in NOT_SETTINGS and len({r.data.params.get(k) for r in runs}) > 1}
     metrics = {r.info.run_id: {k: r.data.metrics.get(k) for k in SHOWN_METRICS} for r in runs}
     base = metrics[baseline]
     ratios = {rid: {k: (v / base[k] if v is not None and base.get(k) else None) for k, v in m.items()}
@@ -348,6 +351,12 @@ def add_parsers(sub) -> None:
 
 def main(ns: argparse.Namespace, base: Config | None = None) -> int:
     """Dispatch a parsed ``runs`` or ``sweep`` command."""
+    from hvdsync.core.tracking import HTTP_ENV
+
+    # A dead server fails these commands in seconds, not after MLflow's minutes of retries; and no "View run"
+    # lines between our own output.
+    for key, value in HTTP_ENV.items():
+        os.environ.setdefault(key, value)
     if ns.command == "sweep":
         return _cmd_sweep(ns, base)
     return ns.handler(ns)

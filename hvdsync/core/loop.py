@@ -87,6 +87,8 @@ class FitResult:
     run_id: str | None = None
     # Where training stopped in the plan (``PlanState.to_dict()``): what a resumed job continues from.
     plan_state: dict = field(default_factory=dict)
+    # Monitor alarms and a tracking store that did not answer, one line each (the launcher shows them).
+    warnings: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -305,7 +307,11 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
                    desc=progress_desc or f"{backend.framework} x{size}")
     result = FitResult(backend.framework, size, rank, cfg.train.epochs, float("nan"))
     ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed)
-    hooks = _Callbacks(list(callbacks) + ([BeforeStep(before_step)] if before_step is not None else []))
+    from hvdsync.core.observe import Observer  # here: observe builds on this module's Callback
+
+    # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.observe).
+    observer = Observer()
+    hooks = _Callbacks([observer, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
     start = time.perf_counter()
     try:
         hooks.on_train_begin(ctx)
@@ -336,6 +342,7 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
             tracker.finish(ctx.status)
             # After finish: the tracker writes to a local spool first, and the run id is the store's answer.
             result.run_id = tracker.run_id
+            result.warnings = [*observer.messages, *tracker.messages]
 
 
 def _finish(ctx: TrainContext, start: float) -> None:

@@ -21,6 +21,10 @@ from typing import Iterable
 import numpy as np
 
 
+# Checks whose working times are summed for the straggler ratio.
+WINDOW = 5
+
+
 class MonitorWarning(UserWarning):
     """A rank diverged or straggles."""
 
@@ -75,23 +79,42 @@ class Alarms:
     """
 
     tracker: object
-    straggler_ratio: float = 2.0
+    straggler_ratio: float = 3.0
     divergence_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         self.raised: dict[str, dict] = {}
+        self.messages: list[str] = []
+        self._checks = 0
+        self._slow: tuple[int, int] = (-1, 0)  # (rank, consecutive checks over the threshold)
+        self._window: list[np.ndarray] = []    # working time per rank of the last WINDOW checks
 
     def check(self, step: int, fingerprints: np.ndarray, work_seconds: Iterable[float]) -> dict[str, float]:
-        """Run both checks on one gathering; returns the monitor metrics to record (alarms included)."""
+        """Run both checks on one gathering; returns the monitor metrics to record (alarms included).
+
+        A divergence is an alarm at once (the parameters must be bitwise equal at every step). A straggler is
+        judged on the working time summed over the last :data:`WINDOW` checks (a full window, the first check of
+        the run left out) and must be the same rank over the threshold in two checks in a row, so the earliest
+        straggler alarm comes at check ``WINDOW + 2``: the first steps carry one-off costs (lazy initialisation,
+        rank 0 starting the run record and its sender), and on a shared machine a rank descheduled for a moment is
+        not a straggler."""
+        self._checks += 1
         bad = diverged_ranks(fingerprints, self.divergence_tolerance)
-        slow, ratio = straggler(work_seconds)
+        if self._checks > 1:
+            work = np.asarray(list(work_seconds), dtype=np.float64)
+            if self._window and len(self._window[-1]) != len(work):
+                self._window = []  # the world size changed (elastic): start the window again
+            self._window = [*self._window[-(WINDOW - 1):], work]
+        slow, ratio = straggler(np.sum(self._window, axis=0)) if self._window else (0, 1.0)
         metrics = {"monitor/param_spread": spread(fingerprints), "monitor/straggler_ratio": ratio}
+        over = ratio > self.straggler_ratio and len(self._window) == WINDOW
+        self._slow = (slow, self._slow[1] + 1 if self._slow[0] == slow else 1) if over else (-1, 0)
         if bad:
             metrics["alarm/divergence"] = 1.0
             self._raise("divergence", step, bad[0],
                         f"rank {bad[0]}'s parameters differ from rank 0's at step {step} (fingerprint spread "
                         f"{metrics['monitor/param_spread']:.3g}); the ranks no longer train the same model")
-        if ratio > self.straggler_ratio:
+        if self._slow[1] >= 2:
             metrics["alarm/straggler"] = 1.0
             self._raise("straggler", step, slow,
                         f"rank {slow} is a straggler at step {step}: it works {ratio:.1f}x as long per step as the "
@@ -102,5 +125,11 @@ class Alarms:
         if kind in self.raised:
             return
         self.raised[kind] = {"step": step, "rank": rank, "message": message}
+        self.messages.append(message)
         self.tracker.set_tags({f"hvdsync.alarm.{kind}": message, f"hvdsync.alarm.{kind}.rank": rank})
-        warnings.warn(f"hvdsync: {message}", MonitorWarning, stacklevel=3)
+        warn_line(message, MonitorWarning)
+
+
+def warn_line(message: str, category: type[Warning]) -> None:
+    """One warning line, ``hvdsync:0: <Category>: <message>`` (no source line under it: it would be noise)."""
+    warnings.warn_explicit(message, category, filename="hvdsync", lineno=0, module="hvdsync", registry={})

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdsync.core import profiling, record, sysmetrics
+from hvdsync.core.loop import Callback
 from hvdsync.core.monitor import Alarms, fingerprint
 from hvdsync.core.profiling import PHASES
 
@@ -37,30 +38,30 @@ ROW = ("loss", "samples", "step_seconds", "work_seconds", *(f"{p}_seconds" for p
        "fp0", "fp1", "fp2")
 
 
-class Observer:
-    """Per-step figures, checks and artifacts of one rank (rank 0 records them).
+class Observer(Callback):
+    """Per-step figures, checks and artifacts of one rank (rank 0 records them); the loop's first callback.
 
-    Args:
-        cfg: the run's :class:`~hvdsync.config.Config`.
-        backend: the adapter's backend (``rank``, ``size``, ``framework``, ``timer``, ``allgather``,
-            ``parameters``; ``grad_norm()`` where the adapter has it).
-        tracker: the run's tracker (the no-op one on ranks other than 0).
+    Reads from the :class:`~hvdsync.core.loop.TrainContext`: ``cfg``, ``tracker`` and ``backend`` (``rank``,
+    ``size``, ``framework``, ``timer``, ``allgather``, ``parameters``; ``grad_norm()`` where the adapter has it).
     """
 
-    def __init__(self, cfg, backend, tracker) -> None:
-        self.cfg, self.backend, self.tracker = cfg, backend, tracker
-        self.every = cfg.monitor.every
-        self.alarms = Alarms(tracker, cfg.monitor.straggler_ratio, cfg.monitor.divergence_tolerance)
-        sampling = cfg.tracking.system_metrics and self.every > 0 and sysmetrics.samples_here()
-        self.sampler = sysmetrics.NodeSampler() if sampling else None
-        self.node = sysmetrics.node_id()
+    def __init__(self) -> None:
         self.step = 0
-        self.history: list[dict] = []  # rank 0: what was recorded, for the end-of-run plot and the caller
+        self.messages: list[str] = []  # the alarms' warning lines
+        self.history: list[dict] = []  # rank 0: what was recorded, for the end-of-run plot
+        self.sampler = None
 
     # ---- the loop's hooks -----------------------------------------------------------------------------------
-    def on_train_begin(self) -> None:
+    def on_train_begin(self, ctx) -> None:
+        self.cfg, self.backend, self.tracker = ctx.cfg, ctx.backend, ctx.tracker
+        self.every = self.cfg.monitor.every
+        self.alarms = Alarms(self.tracker, self.cfg.monitor.straggler_ratio, self.cfg.monitor.divergence_tolerance)
+        self.messages = self.alarms.messages
+        sampling = self.cfg.tracking.system_metrics and self.every > 0 and sysmetrics.samples_here()
+        self.sampler = sysmetrics.NodeSampler() if sampling else None
+        self.node = sysmetrics.node_id()
         b = self.backend
-        if b.rank == 0:
+        if b.rank == 0 and self.tracker.active:
             rec = record.build_record(self.cfg, b.framework, b.size)
             self.tracker.log_params(record.record_params(rec))
             with tempfile.TemporaryDirectory() as tmp:
@@ -70,26 +71,26 @@ class Observer:
                     self.tracker.log_artifact(Path(tmp) / name, "hvdsync")
         self._reset()
 
-    def on_step_end(self, loss_sum: float, samples: int) -> None:
-        """After each optimizer step: ``loss_sum`` (this rank's summed loss) over ``samples`` samples."""
+    def on_step_end(self, ctx) -> None:
+        """After each optimizer step: this rank's mean loss over its samples of the step."""
+        samples = ctx.last_step.local_count if ctx.last_step is not None else 0
         self.step += 1
-        self._loss += loss_sum
+        self._loss += ctx.metrics.get("loss", 0.0) * samples
         self._samples += samples
         self._steps += 1
         if self.every and self.step % self.every == 0:
             self._gather()
 
-    def on_train_end(self) -> dict[str, float]:
-        """Final fingerprint (as metrics: a rerun can be compared bitwise), timeline and plots. Returns the final
-        fingerprint metrics."""
-        fp = fingerprint(self.backend.parameters())
-        final = {f"final/param_fingerprint_{i}": float(v) for i, v in enumerate(fp)}
+    def on_train_end(self, ctx) -> None:
+        """Final fingerprint (as metrics: a rerun can be compared bitwise), timeline and plots. No collective here:
+        it also runs when training failed, when the other ranks may be gone."""
         if self.sampler is not None:
             self.sampler.close()
-        if self.backend.rank == 0:
-            self.tracker.log_metrics(final, step=self.step)
-            self._artifacts()
-        return final
+        if not hasattr(self, "backend") or self.backend.rank != 0 or not self.tracker.active:
+            return
+        fp = fingerprint(self.backend.parameters())
+        self.tracker.log_metrics({f"final/param_fingerprint_{i}": float(v) for i, v in enumerate(fp)}, step=self.step)
+        self._artifacts()
 
     # ---- the gathering ----------------------------------------------------------------------------------------
     def _reset(self) -> None:

@@ -8,6 +8,7 @@ and passwords in URLs masked. ``hvdsync runs reproduce RUN_ID`` reads it back.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -53,6 +54,7 @@ def versions() -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def horovod_build() -> dict[str, Any]:
     """How the installed Horovod was built: hvdsync's build key (written beside the environment by
     ``scripts/build_horovod.sh``), the frameworks it has extensions for, and whether it links MPI and NCCL
@@ -104,7 +106,7 @@ def build_record(cfg, framework: str, world_size: int) -> dict[str, Any]:
                   "rank_seeds": [rank_seed(cfg.train.seed, r) for r in range(world_size)]},
         "deterministic": cfg.train.deterministic,
         "versions": versions(),
-        "horovod_build": horovod_build(),
+        "horovod_build": dict(horovod_build()),
         "command_line": command_line(),
         "git": git_commit(),
         "platform": platform.platform(),

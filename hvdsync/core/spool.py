@@ -215,7 +215,12 @@ def replay(client, spool: Spool, record: dict) -> dict:
         if record.get("run_id"):  # continuing an existing run (an elastic job's new rank 0, a resumed job)
             return {"run_id": record["run_id"]}
         exp = client.get_experiment_by_name(record["experiment"])
-        exp_id = exp.experiment_id if exp else client.create_experiment(record["experiment"])
+        exp_id = exp.experiment_id if exp else _create_experiment(client, record["experiment"])
+        tag = (record.get("tags") or {}).get("hvdsync.spool")
+        if tag:  # created before, its answer lost? (see MLflowTracker.start)
+            found = client.search_runs([exp_id], f"tags.`hvdsync.spool` = '{tag}'", max_results=1)
+            if found:
+                return {"run_id": found[0].info.run_id}
         run = client.create_run(exp_id, run_name=record.get("run_name") or None, tags=record.get("tags") or {},
                                 start_time=record.get("time"))
         return {"run_id": run.info.run_id}
@@ -239,6 +244,17 @@ def replay(client, spool: Spool, record: dict) -> dict:
     else:
         raise ValueError(f"unknown spool record {op!r}")
     return {}
+
+
+def _create_experiment(client, name: str) -> str:
+    """Create ``name``, or find it when another process (or a lost answer) created it first."""
+    try:
+        return client.create_experiment(name)
+    except Exception:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def _log_metrics(client, run_id: str, metrics: list) -> None:

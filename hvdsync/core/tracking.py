@@ -5,9 +5,9 @@ Rank 0 owns the run (the other ranks' figures reach it through Horovod collectiv
 global "active run", whose ``atexit`` hook would end the run when any process holding it exits.
 
 Every call goes to a local spool first (:mod:`hvdsync.core.spool`, a file under ``tracking.spool_dir``) and returns
-at once; a background thread sends the spool to the store, with a short timeout per request and a few retries. When
-the store does not answer (down at start, or dying mid-run) training goes on at full speed, one warning says so and
-names the spool, and the thread keeps probing: what it could not send is sent when the store answers again, by the
+at once; a separate low-priority process (:mod:`hvdsync.core.sender`) sends the spool to the store, with a short
+timeout per request and a few retries. When the store does not answer (down at start, or dying mid-run) training
+goes on at full speed, one warning says so and names the spool, and the sender keeps probing: what it could not send is sent when the store answers again, by the
 next run that tracks to the same store (automatically), or by ``hvdsync runs push SPOOL``; each record lands once.
 
 Both adapters (and the Keras callback) log through the same :class:`Tracker`, from the shared loop
@@ -15,17 +15,17 @@ Both adapters (and the Keras callback) log through the same :class:`Tracker`, fr
 """
 from __future__ import annotations
 
-import collections
-import itertools
+import json
 import os
-import threading
+import subprocess
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
+from hvdsync.core.monitor import warn_line
 from hvdsync.core.record import mask_url_passwords
-from hvdsync.core.spool import Spool, default_spool_dir, next_batch, pending_spools, push, send
+from hvdsync.core import sender
+from hvdsync.core.spool import Spool, default_spool_dir
 
 # The metric names every run records per epoch and at the end (the cross-framework test checks both frameworks log
 # these); per-step, per-rank, monitor and system metrics come on top (see hvdsync.core.observe).
@@ -36,7 +36,7 @@ FINAL_METRICS = ("final_test_accuracy", "wire_bytes", "allreduce_rounds", "total
 # MLflow's REST client retries 7 times with backoff and waits up to 120 s per attempt: minutes per call on a dead
 # server. The sender asks for one short attempt per call and does its own (bounded) retrying; set by the tracking
 # process only, and only where the user has not chosen values.
-HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
             # and no "View run at ..." line on the user's terminal when the run ends
             "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
@@ -51,6 +51,7 @@ class Tracker:
     active = False
     run_id: str | None = None
     spool_path: Path | None = None
+    messages: tuple[str, ...] = ()
 
     def start(self, params: dict[str, Any], tags: dict[str, str] | None = None, run_id: str | None = None) -> None: ...
 
@@ -81,7 +82,7 @@ def resolve_uri(uri: str) -> str:
 
 
 class MLflowTracker(Tracker):
-    """One MLflow run: spool first, background sender second.
+    """One MLflow run: spool first, a sender process second (:mod:`hvdsync.core.sender`).
 
     Args:
         tracking_uri: the store ("" = MLflow's default).
@@ -90,7 +91,7 @@ class MLflowTracker(Tracker):
         spool_dir: where the spool goes ("" = ``$HVDSYNC_CACHE/spool``).
         parent_run_id: makes this run a child of that one (``hvdsync sweep``).
         flush_seconds: how long :meth:`finish` waits for the sender before leaving the rest in the spool.
-        retries: attempts per record before the store counts as down (then it is probed every ``probe_seconds``).
+        retries: attempts per batch before the store counts as down (then it is probed every ``probe_seconds``).
     """
 
     def __init__(self, tracking_uri: str = "", experiment: str = "hvdsync", run_name: str = "", spool_dir: str = "",
@@ -101,28 +102,28 @@ class MLflowTracker(Tracker):
         self._spool_dir = Path(spool_dir) if spool_dir else default_spool_dir()
         self._parent, self._flush_seconds = parent_run_id, flush_seconds
         self._retries, self._probe_seconds = retries, probe_seconds
-        self._queue: collections.deque[dict] = collections.deque()
-        self._wake = threading.Event()
-        self._ending = False
+        self._sender: subprocess.Popen | None = None
         self._warned = False
-        self._thread: threading.Thread | None = None
+        self._checked = 0.0
+        self.messages: list[str] = []  # the warning, if any (the launcher shows it to the user)
         self.spool: Spool | None = None
         self._run_id: str | None = None
-        self.sent = 0
         self.pushed_from_earlier = 0
 
-    # ---- the training thread's side: write to the spool, never wait ---------------------------------------
+    # ---- the training process's side: write to the spool, never wait -----------------------------------------
     def _write(self, op: str, **fields: Any) -> None:
         if self.spool is None:
             return
         try:
-            record = self.spool.append(op, **fields)
+            self.spool.append(op, **fields)
         except OSError as exc:  # a full disk must not stop training either
-            self._warn(f"hvdsync: cannot write the tracking spool {self.spool.path} ({exc}); tracking is off")
+            self._warn(f"cannot write the tracking spool {self.spool.path} ({exc}); tracking is off")
             self.spool = None
             return
-        self._queue.append(record)
-        self._wake.set()
+        now = time.monotonic()
+        if now - self._checked > 1.0:  # at most once a second: has the sender found the store down?
+            self._checked = now
+            self._check_sender()
 
     def start(self, params: dict[str, Any], tags: dict[str, str] | None = None, run_id: str | None = None) -> None:
         """Start the run; with ``run_id``, go on writing to that existing run instead (an elastic job's new rank 0,
@@ -133,21 +134,33 @@ class MLflowTracker(Tracker):
             self._uri = resolve_uri(self._uri)
             self.spool = Spool.create(self._spool_dir)
         except Exception as exc:  # noqa: BLE001 - tracking must never stop training
-            self._warn(f"hvdsync: MLflow tracking is off for this run: {exc}")
+            self._warn(f"MLflow tracking is off for this run: {exc}")
             self.active = False
             return
         self.spool.hold_lock()
         self.spool_path = self.spool.path
         tags = {**(tags or {}), **({"mlflow.parentRunId": self._parent} if self._parent else {})}
+        # The spool's name as a tag makes creating the run idempotent: a create_run whose answer was lost (timed
+        # out, server died) is found again instead of creating a second run.
+        tags["hvdsync.spool"] = self.spool.path.stem
         self._write("start", uri=self._uri, experiment=self._experiment, run_name=self._run_name, tags=tags,
                     time=_now_ms(), **({"run_id": run_id} if run_id else {}))
         if not run_id:
             self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
-        self._thread = threading.Thread(target=self._send_loop, name="hvdsync-tracking", daemon=True)
-        self._thread.start()
+        try:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+            log = open(self.spool.path.with_suffix(".log"), "ab")
+            self._sender = subprocess.Popen(sender.command(self.spool.path, self._uri, self._retries,
+                                                           self._probe_seconds),
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+            log.close()
+        except OSError as exc:
+            self._warn(f"the MLflow sender did not start ({exc}); the run is kept in {self.spool.path}: "
+                       f"`hvdsync runs push {self.spool.path}` sends it")
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self._write("params", params=params)
+        self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = _now_ms()
@@ -162,7 +175,7 @@ class MLflowTracker(Tracker):
         try:
             name = self.spool.add_file(path)
         except OSError as exc:
-            self._warn(f"hvdsync: artifact {path} not recorded ({exc})")
+            self._warn(f"artifact {path} not recorded ({exc})")
             return
         self._write("artifact", file=name, artifact_path=artifact_path)
 
@@ -171,19 +184,29 @@ class MLflowTracker(Tracker):
         if self.spool is None:
             return
         self._write("end", status=status, time=_now_ms())
-        self._ending = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self._flush_seconds)
-        left = len(self._queue)
+        if self._sender is not None:
+            # Wait for the sender to send the end record; once it has found the store down, give it one more probe
+            # and stop: a dead store must not hold up the end of training for the whole flush time.
+            deadline = time.monotonic() + self._flush_seconds
+            while self._sender.poll() is None and time.monotonic() < deadline:
+                if self._store_down():
+                    deadline = min(deadline, time.monotonic() + self._probe_seconds + 2.0)
+                time.sleep(0.1)
+            if self._sender.poll() is None:
+                self._sender.terminate()
+                self._sender.wait()
+        self._check_sender()
+        left = len(self.spool.pending())
         if left:
-            self._warn(f"hvdsync: {left} tracking records were not sent to {self._uri}; they are kept in "
+            self._warn(f"{left} tracking records were not sent to {self._uri}; they are kept in "
                        f"{self.spool.path}: `hvdsync runs push {self.spool.path}` sends them (the next run to this "
                        f"store also does)")
         self.spool.close()
         self.spool.release_lock()
         if not left and self.run_id and self.spool.complete():
             self.spool.remove()  # everything is in the store now
+            for suffix in (".status", ".log"):
+                self.spool.path.with_suffix(suffix).unlink(missing_ok=True)
 
     @property
     def run_id(self) -> str | None:  # type: ignore[override]
@@ -192,69 +215,29 @@ class MLflowTracker(Tracker):
             self._run_id = self.spool.run_id()
         return self._run_id
 
-    # ---- the sender thread ------------------------------------------------------------------------------------
-    def _send_loop(self) -> None:
-        import mlflow
+    def _sender_state(self) -> dict:
+        try:
+            return json.loads(self.spool.path.with_suffix(".status").read_text())
+        except (OSError, ValueError, AttributeError):
+            return {}
 
-        client = mlflow.MlflowClient(tracking_uri=self._uri)
-        earlier_done = False
-        while True:
-            if not self._queue:
-                if not earlier_done:
-                    earlier_done = True
-                    self._push_earlier(client)
-                    continue
-                if self._ending:
-                    return
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            batch = next_batch(list(itertools.islice(self._queue, 0, 1000)))
-            if self._send(client, batch):
-                for _ in batch:
-                    self._queue.popleft()
-                self.sent += len(batch)
-            elif self._ending and not self._wait(0):
-                return
-            else:
-                self._wait(self._probe_seconds)
+    def _store_down(self) -> bool:
+        return self._sender_state().get("state") == "down"
 
-    def _send(self, client, batch: list[dict]) -> bool:
-        """Send one batch with up to ``retries`` attempts (short backoff); False when the store stays silent."""
-        error: Exception | None = None
-        for attempt in range(self._retries):
-            try:
-                send(client, self.spool, batch)
-                return True
-            except Exception as exc:  # noqa: BLE001 - any store error: keep the record, retry later
-                error = exc
-                if not self._wait(0.2 * 2**attempt):
-                    break
-        self._warn(f"hvdsync: the MLflow store {self._uri} did not answer ({type(error).__name__}: "
-                   f"{str(error).splitlines()[0][:200] if str(error) else ''}); training goes on, every record is "
-                   f"kept in {self.spool.path} and sent when the store answers again, or by "
-                   f"`hvdsync runs push {self.spool.path}`")
-        return False
-
-    def _wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; False once the run is ending and the flush time is up (stop retrying)."""
-        if self._ending:
-            return False
-        time.sleep(seconds)
-        return True
-
-    def _push_earlier(self, client) -> None:
-        """Send what earlier runs to this store left in the spool folder (each spool under its own lock)."""
-        for spool in pending_spools(self._spool_dir, self._uri, exclude=self.spool.path):
-            try:
-                self.pushed_from_earlier += push(spool, client)["sent"]
-            except Exception:  # noqa: BLE001 - locked by a live run, or the store refuses: leave it for later
-                continue
+    def _check_sender(self) -> None:
+        """Read the sender's state: warn (once) when it found the store down."""
+        state = self._sender_state()
+        self.pushed_from_earlier = state.get("earlier", 0)
+        if state.get("state") == "down":
+            self._warn(f"the MLflow store {self._uri} did not answer ({state.get('error', '')}); training goes on, "
+                       f"every record is kept in {self.spool.path} and sent when the store answers again, or by "
+                       f"`hvdsync runs push {self.spool.path}`")
 
     def _warn(self, message: str) -> None:
         if not self._warned:  # one warning per run: a flapping server must not flood the user's terminal
             self._warned = True
-            warnings.warn(message, TrackingWarning, stacklevel=3)
+            self.messages.append(message)
+            warn_line(message, TrackingWarning)
 
 
 def _now_ms() -> int:
