@@ -7,8 +7,9 @@ global "active run", whose ``atexit`` hook would end the run when any process ho
 Every call goes to a local spool first (:mod:`hvdsync.core.spool`, a file under ``tracking.spool_dir``) and returns
 at once; a separate low-priority process (:mod:`hvdsync.core.sender`) sends the spool to the store, with a short
 timeout per request and a few retries. When the store does not answer (down at start, or dying mid-run) training
-goes on at full speed, one warning says so and names the spool, and the sender keeps probing: what it could not send is sent when the store answers again, by the
-next run that tracks to the same store (automatically), or by ``hvdsync runs push SPOOL``; each record lands once.
+goes on at full speed, one warning says so and names the spool, and the sender keeps probing: what it could not
+send is sent when the store answers again, by the next run that tracks to the same store (automatically), or by
+``hvdsync runs push SPOOL``; each record lands once.
 
 Both adapters (and the Keras callback) log through the same :class:`Tracker`, from the shared loop
 (:mod:`hvdsync.core.loop`), so a PyTorch run and a TensorFlow run of the same config record the same names.
