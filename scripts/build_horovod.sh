@@ -98,6 +98,9 @@ EOF
     gpu="cuda${cuda_version}-nccl${nccl_version}-cc${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
   elif [ "$mode" = nccl ]; then
     say "error: HVDSYNC_HOROVOD_GPU=nccl, but this is missing: $missing"; exit 2
+  elif [ -n "$torch_cuda" ]; then
+    # torch can use GPUs but Horovod will not: say so once rather than leave a silent Gloo-only build.
+    say "note: building without NCCL (Gloo only), missing: $missing"
   fi
 fi
 
