@@ -379,7 +379,8 @@ class Config:
                 f"sync.accumulate: {self.sync.accumulate} is not allowed with data.batch_size "
                 f"{self.data.batch_size}; expected at most data.batch_size micro-batches per step"
             )
-        problem = MODES[self.sync.mode].problem(dataclasses.asdict(self.sync), self.train.framework, self.train.np)
+        problem = MODES[self.sync.mode].problem(dataclasses.asdict(self.sync), self.train.framework, self.train.np,
+                                                self.train.precision)
         if problem:
             raise ConfigError(problem)
 

@@ -26,8 +26,11 @@ GUIDE_TITLES = {
     "01": ("一、理解同步训练的根本目标与挑战",
            "Understanding the fundamental goals and challenges of synchronous training"),
     "02": ("二、数据分片与随机种子", "Data sharding and random seeds"),
+    "03": ("三、硬件与网络", "Hardware and network"),
+    "04": ("四、参数服务器", "Parameter server"),
     "05": ("五、环形全归约（Ring All-Reduce）", "Ring all-reduce"),
     "06": ("六、梯度累积", "Gradient accumulation"),
+    "07": ("七、通信与计算重叠", "Overlapping communication with computation"),
     "09": ("九、混合精度", "Mixed precision"),
     "10": ("十、容错与弹性训练", "Fault tolerance and elasticity"),
     "11": ("十一、性能分析", "Profiling"),
@@ -35,12 +38,13 @@ GUIDE_TITLES = {
     "14": ("十四、监控", "Monitoring"),
     "15": ("十五、梯度压缩与稀疏化", "Gradient compression and sparsification"),
     "16": ("十六、可复现性", "Reproducibility"),
+    "18": ("十八、最新进展：去中心化与 Gossip 平均", "Recent progress: decentralised and gossip averaging"),
 }
 
 # Wall-clock limit per notebook, in seconds (also nbclient's per-cell limit). Each notebook targets < 90 s on a quiet
 # 2-core machine; the limits leave room for other jobs sharing the cores (timings were 35-100 s under load 4-8).
-TIMEOUTS = {"01": 240, "02": 240, "05": 240, "06": 300, "09": 300, "10": 480, "11": 300, "12": 300, "14": 300,
-            "15": 400, "16": 600}
+TIMEOUTS = {"01": 240, "02": 240, "03": 240, "04": 300, "05": 240, "06": 300, "07": 300, "09": 300, "10": 480,
+            "11": 300, "12": 300, "14": 300, "15": 400, "16": 600, "18": 300}
 DEFAULT_TIMEOUT = 300
 
 # Notebooks the suite does not execute, each with its reason. Empty: every notebook runs.

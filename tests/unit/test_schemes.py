@@ -82,6 +82,7 @@ def test_two_ranks_gossip_is_an_exact_average_and_the_ring_mixes_slower_as_it_gr
     ({"sync": {"period": 4}}, "sync.period"),
     ({"sync": {"mode": "gossip", "period": 0}}, "sync.period"),
     ({"sync": {"mode": "ps"}, "train": {"framework": "tensorflow"}}, "sync.mode"),
+    ({"sync": {"mode": "gossip"}, "train": {"precision": "fp16"}}, "train.precision"),
 ])
 def test_bad_modes_and_impossible_combinations_fail_in_the_config(raw, field):
     with pytest.raises(ConfigError) as err:

@@ -38,8 +38,13 @@ class Mode:
     periodic: bool = False
     servers: bool = False
 
-    def problem(self, sync: Mapping[str, Any], framework: str, world_size: int) -> str | None:
+    def problem(self, sync: Mapping[str, Any], framework: str, world_size: int, precision: str = "fp32") -> str | None:
         """The first reason these settings cannot run in this mode, as a field-named message, or None."""
+        if self.name != "allreduce" and precision != "fp32":
+            # The loss scaler unscales the gradients in .grad after synchronize(); a parameter server has already
+            # pushed the scaled ones by then, so the update would be off by the loss scale.
+            return (f"train.precision: {precision!r} is not allowed with sync.mode {self.name!r}; expected fp32 "
+                    f"(mixed precision is implemented for sync.mode 'allreduce')")
         if framework not in self.frameworks:
             return (f"sync.mode: {self.name!r} is not allowed with train.framework {framework!r}; "
                     f"it is implemented for: {', '.join(self.frameworks)}")
