@@ -42,7 +42,7 @@ from hvdsync import launch
 from hvdsync.config import Config
 from hvdsync.core import costmodel
 from hvdsync.core.data import digits
-from hvdsync.core.schemes import ps, sim
+from hvdsync.core.schemes import sim
 from hvdsync.torch.measure import collective_times
 from hvdsync.torch.schemes import train_modes
 
