@@ -60,7 +60,9 @@ def test_cpu_image_smoke_test_passes(cpu_image):
 def test_cpu_image_holds_no_compiler_and_no_horovod_source(cpu_image):
     out = _docker("run", "--rm", cpu_image, "bash", "-c",
                   "for t in gcc g++ cc c++ nvcc cmake make; do command -v $t; done; "
-                  "find / -xdev -name 'horovod-0.28.1*' -o -xdev -name CMakeLists.txt -path '*horovod*' | head")
+                  # Horovod's source tree or sdist (its installed dist-info is expected, its setup.py is not).
+                  "find / -xdev \\( -name 'horovod-0.28.1.tar.gz' -o -name setup.py -path '*horovod*' "
+                  "-o -name CMakeLists.txt -path '*horovod*' \\) | head")
     assert out.stdout.strip() == "", out.stdout
     user = _docker("run", "--rm", cpu_image, "id", "-u").stdout.strip()
     assert user != "0"
