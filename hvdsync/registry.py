@@ -76,6 +76,7 @@ for _name, _framework, _target in (
     ("mlp", "torch", "hvdsync.torch.models:build_mlp"),
     ("cnn", "torch", "hvdsync.torch.models:build_cnn"),
     ("mlp", "tensorflow", "hvdsync.tensorflow.models:build_mlp"),
+    ("cnn", "tensorflow", "hvdsync.tensorflow.models:build_cnn"),
 ):
     MODELS.add(_name, _target, _framework)
 for _name, _target in (

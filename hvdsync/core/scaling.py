@@ -46,3 +46,31 @@ def scaled_lr(lr: float, world_size: int, rule: str) -> float:
     if rule == "linear":
         return lr * world_size
     raise ValueError(f"lr_scaling: {rule!r} is not allowed; choose one of: none, linear")
+
+
+def warmup_lr(target_lr: float, world_size: int, epoch: float, warmup_epochs: float) -> float:
+    """Goyal et al.'s gradual warm-up for large global batches: the learning rate at (fractional) ``epoch``.
+
+    It starts at the one-worker rate ``target_lr / world_size`` and rises linearly to ``target_lr`` (the rate scaled
+    for ``world_size`` workers) at ``epoch == warmup_epochs``, then stays there. A large batch's scaled rate applied
+    from the first step diverges while the weights change fast; the ramp avoids that ("Accurate, Large Minibatch
+    SGD", 2017, section 2.2). Horovod's ``LearningRateWarmupCallback`` uses the same ramp.
+
+    Args:
+        target_lr: the rate after the warm-up.
+        world_size: number of ranks (1: no warm-up needed, the rate is ``target_lr`` throughout).
+        epoch: epochs done so far, with the fraction of the current one (``epoch + batch / steps_per_epoch``).
+        warmup_epochs: length of the ramp; 0 switches it off.
+
+    Example:
+        >>> [warmup_lr(0.8, 4, e, 2) for e in (0, 1, 2, 3)]
+        [0.2, 0.5, 0.8, 0.8]
+    """
+    if warmup_epochs < 0:
+        raise ValueError(f"warmup_epochs: {warmup_epochs!r} is not allowed; expected a number >= 0")
+    if world_size < 1:
+        raise ValueError(f"world_size: {world_size!r} is not allowed; expected an integer >= 1")
+    if warmup_epochs == 0 or epoch >= warmup_epochs:
+        return target_lr
+    start = target_lr / world_size
+    return start + (target_lr - start) * max(0.0, epoch) / warmup_epochs

@@ -1,7 +1,8 @@
 """hvdsync for TensorFlow 2 with Keras 3: the same names as :mod:`hvdsync.torch`.
 
-    init, fit, build, TensorFlowBackend, distributed_optimizer, broadcast_state, ShardedLoader, CodecCompressor,
-    SyncBatchNormalization, mlp, local_optimizer, elastic_state, run_elastic, fit_elastic
+    init, fit, build, TensorFlowBackend, distributed_optimizer, DistributedOptimizer, broadcast_state, PlanSampler,
+    ShardedLoader, CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, callbacks (Keras callbacks),
+    elastic_state, run_elastic, fit_elastic
 
 Horovod 0.28.1's own TensorFlow helpers (``DistributedGradientTape``, the Keras callbacks, ``SyncBatchNormalization``)
 are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Horovod's low-level collectives
@@ -17,15 +18,16 @@ from hvdsync.core.quiet import quiet_imports
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 quiet_imports()
 
+from hvdsync.tensorflow import callbacks  # noqa: E402
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
-from hvdsync.tensorflow.data import ShardedLoader  # noqa: E402
+from hvdsync.tensorflow.data import PlanSampler, ShardedLoader  # noqa: E402
 from hvdsync.tensorflow.elastic import elastic_state, fit_elastic, run_elastic  # noqa: E402
 from hvdsync.tensorflow.layers import SyncBatchNormalization  # noqa: E402
-from hvdsync.tensorflow.models import local_optimizer, mlp  # noqa: E402
-from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer  # noqa: E402
+from hvdsync.tensorflow.models import CNN, local_optimizer, mlp  # noqa: E402
+from hvdsync.tensorflow.optimizer import DistributedOptimizer, broadcast_state, distributed_optimizer  # noqa: E402
 from hvdsync.tensorflow.runtime import init  # noqa: E402
 from hvdsync.tensorflow.train import TensorFlowBackend, build, fit  # noqa: E402
 
-__all__ = ["init", "fit", "build", "TensorFlowBackend", "distributed_optimizer", "broadcast_state", "ShardedLoader",
-           "CodecCompressor", "SyncBatchNormalization", "mlp", "local_optimizer", "elastic_state", "run_elastic",
-           "fit_elastic"]
+__all__ = ["init", "fit", "build", "TensorFlowBackend", "distributed_optimizer", "DistributedOptimizer",
+           "broadcast_state", "PlanSampler", "ShardedLoader", "CodecCompressor", "SyncBatchNormalization", "mlp", "CNN",
+           "local_optimizer", "callbacks", "elastic_state", "run_elastic", "fit_elastic"]

@@ -1,12 +1,145 @@
-"""A sharded ``tf.data`` pipeline built on the core plan (:mod:`hvdsync.core.sharding`)."""
+"""``tf.data`` by the core plan (:mod:`hvdsync.core.sharding`): the plan's index stream for the user's own pipeline
+(:class:`PlanSampler`, also a Keras callback), and a loader over in-memory arrays (:class:`ShardedLoader`)."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator, Sized
 
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
 import tensorflow as tf
 
 from hvdsync.core.loader import PlanLoader
-from hvdsync.core.sharding import Step
+from hvdsync.core.scaling import loss_scale
+from hvdsync.core.sharding import ShardPlan, Step
+
+
+class PlanSampler(keras.callbacks.Callback):
+    """This rank's share of the global plan as a ``tf.data`` stream of index batches, for any ``tf.data`` pipeline.
+
+    :meth:`dataset` yields one element per micro-batch: ``(indices, weights)``, int64 sample indices into the
+    user's data and float32 per-sample loss weights. The user maps the indices onto their own lookup (arrays,
+    files, a ``tf.data`` of records) and hands ``(x, y, weights)`` to ``model.fit``. Every sample is read exactly
+    once per epoch over all ranks and every rank gets the same number of batches (the short last step's batches may
+    be smaller, even empty), so no rank waits in an all-reduce another never joins. The weights keep each sample's
+    share of the update at 1 / (samples in the global step) under Keras' mean loss per batch,
+    ``DistributedOptimizer``'s average over ``accumulate`` batches and Horovod's average over ranks, so the update
+    equals one process's on the same samples, also where micro-batches differ in size (a batch size that
+    ``accumulate`` does not divide, the short last step); they are 1 where all are equal. (Metrics passed as
+    ``metrics=`` ignore weights; ``weighted_metrics=`` use them.)
+
+    Each pass over the stream is the next epoch (Keras starts the next epoch's pass before its epoch callbacks run,
+    so the stream cannot wait for them); ``set_epoch(e)`` before a pass picks ``e``. As a Keras callback it keeps
+    the training position: ``state_dict()`` holds ``(epoch, consumed)`` (samples of the epoch's global order that
+    all ranks together trained on), and a sampler that loads it (any world size) streams exactly the unread
+    samples. The same arguments as :class:`hvdsync.torch.PlanSampler`.
+
+    Args:
+        dataset: the data set (or its length).
+        batch_size: samples per rank per optimizer step (split into ``accumulate`` micro-batches).
+        accumulate: micro-batches per optimizer step (give the optimizer the same ``accumulate``).
+        seed: the global seed of the epochs' order; shuffle: False reads 0..N-1 every epoch.
+        rank, world_size: default ``hvd.rank()`` and ``hvd.size()`` (after ``init``).
+        op: Horovod's reduce op (``average``, ``sum``), for the weights.
+
+    Example::
+
+        sampler = PlanSampler(len(images), batch_size=32)
+        data = sampler.dataset(lambda i: (tf.gather(images, i), tf.gather(labels, i)))  # (x, y, weights)
+        model.fit(data, epochs=5, shuffle=False, callbacks=[sampler, *standard_callbacks(cfg)])
+    """
+
+    def __init__(self, dataset: Sized | int, batch_size: int, accumulate: int = 1, seed: int = 0,
+                 shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                 op: str = "average") -> None:
+        super().__init__()
+        size = dataset if isinstance(dataset, int) else len(dataset)
+        world_size = hvd.size() if world_size is None else world_size
+        rank = hvd.rank() if rank is None else rank
+        self.plan = ShardPlan(size, world_size, batch_size, accumulate, seed, shuffle)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+            raise ValueError(f"rank: {rank!r} is not allowed; expected 0 <= rank < {world_size} "
+                             f"(the world has {world_size} ranks)")
+        loss_scale(1, world_size, op)  # checks op now, not at the first step
+        self.rank, self.op = int(rank), op
+        self.epoch, self.consumed = 0, 0  # the training position
+        self._next = (0, 0)  # (epoch, start) the next pass over the stream reads
+        self._planned: dict[int, np.ndarray] = {}  # epoch -> samples consumed after each of its steps
+
+    @classmethod
+    def from_config(cls, cfg, dataset: Sized | int, rank: int | None = None,
+                    world_size: int | None = None) -> "PlanSampler":
+        """Batch size, accumulation, seed, shuffle and op from a :class:`hvdsync.config.Config`."""
+        return cls(dataset, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed, cfg.data.shuffle, rank,
+                   world_size, cfg.sync.op)
+
+    # ---- position ----------------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Train ``epoch`` next, from its beginning unless a loaded state points into that same epoch."""
+        if not (epoch == self.epoch and 0 < self.consumed < self.plan.dataset_size):
+            self.consumed = 0
+        self.epoch = int(epoch)
+        if epoch not in self._planned:  # not streamed yet (a hand-written loop): the next pass reads it
+            self._next = (self.epoch, self.consumed)
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "consumed"}``; it does not depend on the world size."""
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not 0 <= int(state["consumed"]) <= self.plan.dataset_size:
+            raise ValueError(f"consumed: {state['consumed']!r} is not allowed; the plan has "
+                             f"{self.plan.dataset_size} samples")
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self._next, self._planned = (self.epoch, self.consumed), {}
+
+    def batches_per_epoch(self) -> int:
+        """Micro-batches in a whole epoch (the same on every rank)."""
+        return self.plan.steps_per_epoch() * self.plan.accumulate
+
+    # ---- the stream --------------------------------------------------------------------------------------------
+    def weights(self, step: Step, micro: np.ndarray) -> np.ndarray:
+        """Per-sample loss weights of one micro-batch for a *mean* loss: its size x accumulate x the loss scale."""
+        w = len(micro) * self.plan.accumulate * loss_scale(step.global_count, self.plan.world_size, self.op)
+        return np.full(len(micro), w, np.float32)
+
+    def _batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        epoch, start = self._next
+        self._next = (epoch + 1, 0)
+        steps = self.plan.epoch(epoch, self.rank, start)
+        self._planned = {e: c for e, c in self._planned.items() if e >= epoch - 1}
+        self._planned[epoch] = start + np.cumsum([s.global_count for s in steps], dtype=np.int64)
+        for step in steps:
+            for micro in step.micro:
+                yield micro.astype(np.int64), self.weights(step, micro)
+
+    def dataset(self, lookup: Callable | None = None,
+                num_parallel_calls: int | None = tf.data.AUTOTUNE) -> tf.data.Dataset:
+        """The index stream: ``(indices, weights)`` per micro-batch; with ``lookup(indices) -> (x, y)`` (TensorFlow
+        ops, run in the ``tf.data`` graph) the ``(x, y, weights)`` batches ``model.fit`` takes. Prefetched; its
+        length is known (one epoch), so Keras knows the epoch's batches from the start."""
+        signature = (tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None,), tf.float32))
+        data = tf.data.Dataset.from_generator(self._batches, output_signature=signature)
+        if self._next[1] == 0:  # a whole epoch
+            data = data.apply(tf.data.experimental.assert_cardinality(self.batches_per_epoch()))
+        if lookup is not None:
+            data = data.map(lambda i, w: (*lookup(i), w), num_parallel_calls=num_parallel_calls)
+        return data.prefetch(tf.data.AUTOTUNE)
+
+    # ---- as a Keras callback: the training position ------------------------------------------------------------
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self.set_epoch(epoch)
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        # `batch` is the index of the last batch run (with steps_per_execution > 1, of several); a step counts as
+        # consumed once all its micro-batches have run.
+        after = self._planned.get(self.epoch)
+        done = 0 if after is None else min((batch + 1) // self.plan.accumulate, len(after))
+        if done:
+            self.consumed = int(after[done - 1])
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        self.consumed = self.plan.dataset_size
 
 
 class ShardedLoader(PlanLoader):

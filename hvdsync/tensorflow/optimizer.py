@@ -1,86 +1,135 @@
-"""A distributed optimizer for Keras 3 configured from :class:`hvdsync.config.SyncConfig`, and the rank-0 broadcast.
+"""A distributed optimizer that *is* a Keras 3 optimizer, and the rank-0 broadcast of model and optimizer state.
 
 Horovod 0.28.1's ``DistributedOptimizer``/``DistributedGradientTape`` fail on Keras 3 variables and cannot
-accumulate; this is the same idea on Horovod's low-level ``grouped_allreduce``. Everything here works eagerly and
-inside ``tf.function``.
+accumulate. :class:`DistributedOptimizer` wraps any Keras 3 optimizer (as Keras' own ``LossScaleOptimizer`` does),
+so ``model.compile(optimizer=distributed_optimizer(...))`` and ``model.fit`` work, eagerly, inside ``tf.function``
+and with ``steps_per_execution > 1``; its collectives are Horovod's low-level ``grouped_allreduce`` and
+``broadcast``, which work with Keras 3. Horovod's ops have no XLA kernels: compile with ``jit_compile=False`` where
+Keras would pick XLA (``"auto"`` on a GPU).
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import dataclasses
+from typing import Sequence
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
 from hvdsync.core.codecs import WireCounter
+from hvdsync.core.runtime import REDUCE_OP_NAMES
 from hvdsync.tensorflow.compression import make_reducer
 
 
 def allreduce_gradients(grads: Sequence[tf.Tensor], reducer) -> list[tf.Tensor]:
     """Combine ``grads`` across ranks with ``reducer`` (:func:`hvdsync.tensorflow.compression.make_reducer`):
-    one grouped all-reduce for cast codecs, the codec's rounds of collectives for the others."""
+    one grouped all-reduce for cast codecs, the codec's rounds of collectives for the others.
+
+    Every gradient all-reduce of :class:`DistributedOptimizer` goes through here, eagerly or traced.
+    """
     return reducer.reduce(list(grads))
 
 
-class DistributedOptimizer:
-    """A Keras 3 optimizer whose gradients are summed locally over ``sync.accumulate`` backward passes and then
-    all-reduced once, with the configured op and compression, before the update.
+def _sync_settings(sync=None, compression=None, accumulate=None, op=None):
+    """A validated :class:`~hvdsync.config.SyncConfig`: ``sync`` (default: hvdsync's defaults) with the keyword
+    arguments that were given (so bad values fail with the config's field-named message). Horovod's own constants
+    are accepted too: ``op=hvd.Average``, ``compression=hvd.Compression.fp16``."""
+    from hvdsync.config import SyncConfig
+
+    if op is not None and not isinstance(op, str):
+        op = next((name for name, attr in REDUCE_OP_NAMES.items() if getattr(hvd, attr, None) == op), op)
+    if compression is not None and not isinstance(compression, str):
+        compression = {hvd.Compression.none: "none", hvd.Compression.fp16: "fp16"}.get(compression, compression)
+    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op)) if v is not None}
+    return dataclasses.replace(sync if sync is not None else SyncConfig(), **given)
+
+
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """A Keras 3 optimizer that all-reduces gradients across Horovod ranks before the wrapped optimizer's update.
+
+    Gradients of ``accumulate`` consecutive calls are summed locally (in optimizer variables, so the sum survives
+    between calls of a ``tf.function`` and is saved with the model) and all-reduced once, with ``op`` and
+    ``compression``; then the wrapped optimizer updates. Build it with :func:`distributed_optimizer`.
 
     Two ways to drive it:
 
-    * ``apply_gradients(zip(grads, variables))`` once per backward pass, like a Keras optimizer: it counts the passes
-      and all-reduces and updates on every ``accumulate``-th call (a ``tf.cond``, so it also works in ``tf.function``).
-    * ``accumulate(grads)`` per pass, then ``synchronize()`` and ``step()``: the same, with the phases apart (the
-      training loop times them separately, like PyTorch's ``optimizer.synchronize()``/``step()``).
+    * Keras: ``model.compile(optimizer=...)`` + ``model.fit``, or ``apply_gradients(zip(grads, variables))`` once
+      per backward pass; every ``accumulate``-th call all-reduces and updates (a ``tf.cond``: no retrace). Each call's
+      gradients are of a mean loss, so the ``accumulate`` sums are averaged (``average_accumulated=True``, as Keras'
+      own ``gradient_accumulation_steps``): ``accumulate`` batches of ``b`` weigh like one batch of ``accumulate*b``.
+    * Phases: ``accumulate(grads)`` per pass, then ``synchronize()`` and ``step()``: the same, with the phases apart
+      (the shared loop times them, like PyTorch's ``optimizer.synchronize()``/``step()``); it scales each pass's
+      loss itself (:mod:`hvdsync.core.scaling`) and builds with ``average_accumulated=False``.
 
     Every rank must make the same calls in the same order: an all-reduce waits until all ranks have joined it.
+    ``iterations``, ``learning_rate`` and ``scale_loss`` are the wrapped optimizer's, so Keras learning-rate
+    callbacks and schedules see the real ones; ``iterations`` counts updates, not backward passes.
     """
 
-    def __init__(self, optimizer: keras.optimizers.Optimizer, variables: Iterable, sync,
-                 counter: WireCounter | None = None, seed: int = 0) -> None:
-        self.optimizer = optimizer
-        self.variables = list(variables)
+    def __init__(self, optimizer: keras.optimizers.Optimizer, compression: str = "none", accumulate: int = 1,
+                 op: str = "average", average_accumulated: bool = True, counter: WireCounter | None = None,
+                 seed: int = 0, error_feedback: bool = True, name: str | None = None) -> None:
+        from hvdsync.config import SyncConfig
+
+        sync = _sync_settings(SyncConfig(error_feedback=error_feedback), compression, accumulate, op)
+        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        self.inner_optimizer = optimizer
+        self.sync, self.seed = sync, seed
         self.accumulate_steps = sync.accumulate
-        # ---- gradient codec (hvdsync.tensorflow.compression): its state (residuals, ...) is made here, eagerly.
-        self.reducer = make_reducer(sync, [tuple(v.shape) for v in self.variables], counter, seed)
-        if not optimizer.built:
-            # Keras 3 creates slot variables (momentum, Adam moments) lazily; build them now, so that they exist
-            # when rank 0's state is broadcast and are not created later inside a tf.function.
-            optimizer.build(self.variables)
-        # Gradient sums between all-reduces. Variables (not Python state) so that they carry over between calls
-        # of a tf.function; created here, eagerly, because a tf.function may only create variables on first trace.
-        self._sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="hvdsync_grad_sum")
-                      for v in self.variables]
-        self._passes = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdsync_backward_passes")
+        self.average_accumulated = bool(average_accumulated)
+        self._counter = counter if counter is not None else WireCounter()
+        self.reducer = None  # made in build(): a codec with state needs the gradients' shapes
+
+    # ---- Keras' optimizer protocol ---------------------------------------------------------------------------
+    def build(self, var_list) -> None:
+        # Gradient sums between all-reduces and the pass counter: optimizer variables, so that broadcast_state,
+        # checkpoints and tf.function (which may only create variables on its first trace) all see them.
+        var_list = list(var_list)
+        # The codec's state (residuals, ...) is made here, eagerly, like the sums.
+        self.reducer = make_reducer(self.sync, [tuple(v.shape) for v in var_list], self._counter, self.seed)
+        # Named by position, not after the model's variables: Keras numbers layers per process ("dense_7"), so a
+        # rank that built another model (an evaluation copy) names them differently, and Horovod pairs the ranks'
+        # all-reduces by the names of the tensors handed to it: different names would wait for each other forever.
+        self._grad_sums = [self.add_variable(shape=v.shape, dtype=v.dtype, name=f"hvdsync_grad_sum_{i}")
+                           for i, v in enumerate(var_list)]
+        self._passes = self.add_variable(shape=(), dtype="int64", name="hvdsync_backward_passes")
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(var_list)
+        super().build(var_list)
 
     @property
-    def counter(self) -> WireCounter:
-        return self.reducer.counter
+    def variables(self) -> list:
+        return self._variables[:] + list(self.inner_optimizer.variables)
 
-    def accumulate(self, grads: Sequence[tf.Tensor | None]) -> None:
-        """Add one backward pass's gradients (``None``, for a variable the loss does not touch, counts as zero:
-        every rank must still all-reduce the same list of tensors)."""
-        for total, g in zip(self._sums, grads):
-            if g is not None:
-                total.assign_add(tf.convert_to_tensor(g))
-        self._passes.assign_add(1)
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
 
-    def synchronize(self) -> None:
-        """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
-        reduced = allreduce_gradients([s.read_value() for s in self._sums], self.reducer)
-        for total, r in zip(self._sums, reduced):
-            total.assign(r)
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
 
-    def step(self) -> None:
-        """Apply the (synchronized) gradients with the wrapped optimizer and start the next sum from zero."""
-        self.optimizer.apply_gradients(zip([s.read_value() for s in self._sums], self.variables))
-        for total in self._sums:
-            total.assign(tf.zeros_like(total))
+    @learning_rate.setter
+    def learning_rate(self, learning_rate) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
 
-    def apply_gradients(self, grads_and_vars) -> tf.Tensor:
-        """Keras-style call per backward pass; returns whether this call all-reduced and updated."""
-        grads = [g for g, _ in grads_and_vars]
-        self.accumulate(grads)
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def apply_gradients(self, grads_and_vars):
+        """Keras' call per backward pass; returns ``iterations`` (the wrapped optimizer's: it counts updates)."""
+        grads, trainable_variables = zip(*grads_and_vars)
+        self.apply(grads, trainable_variables)
+        return self.iterations
+
+    def apply(self, grads, trainable_variables=None) -> None:
+        """One backward pass's gradients; all-reduces and updates on every ``accumulate``-th call."""
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError("trainable_variables: None is not allowed before the optimizer is built; pass the "
+                                 "variables with the first gradients (apply_gradients(zip(grads, variables)))")
+            self.build(trainable_variables)
+        self.accumulate(grads, trainable_variables)
 
         def sync_and_step() -> tf.Tensor:
             self.synchronize()
@@ -88,42 +137,115 @@ class DistributedOptimizer:
             return tf.constant(True)
 
         # Every rank counts the same passes, so every rank takes the same branch and joins the same all-reduce.
-        return tf.cond(self._passes % self.accumulate_steps == 0, sync_and_step, lambda: tf.constant(False))
+        tf.cond(self._passes % self.accumulate_steps == 0, sync_and_step, lambda: tf.constant(False))
+
+    def finalize_variable_values(self, var_list) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self) -> dict:
+        return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+                "compression": self.sync.compression, "accumulate": self.sync.accumulate, "op": self.sync.op,
+                "average_accumulated": self.average_accumulated, "seed": self.seed,
+                "error_feedback": self.sync.error_feedback}
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects=None) -> "DistributedOptimizer":
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)
+
+    # ---- the phases ------------------------------------------------------------------------------------------
+    @property
+    def counter(self) -> WireCounter:
+        """What was handed to Horovod (tensors, bytes, dtypes), counted at run time, also inside graphs."""
+        return self._counter
+
+    def _variable_index(self, trainable_variables) -> list[int]:
+        trainable_variables = None if trainable_variables is None else list(trainable_variables)
+        if trainable_variables is None or len(trainable_variables) == len(self._grad_sums):
+            return list(range(len(self._grad_sums)))  # all of them, in build order (what fit and most loops pass)
+        position = {v.path: i for i, v in enumerate(self._trainable_variables)}
+        try:
+            return [position[v.path] for v in trainable_variables]
+        except KeyError as missing:
+            raise ValueError(f"trainable_variables: {missing} is not allowed; the optimizer was built over other "
+                             "variables (build it over model.trainable_variables)") from None
+
+    def accumulate(self, grads: Sequence[tf.Tensor | None], trainable_variables=None) -> None:
+        """Add one backward pass's gradients (for ``trainable_variables``, default: all, in build order). ``None``
+        (a variable the loss does not touch) adds nothing; that variable still takes part in the all-reduce, so
+        every rank hands Horovod the same list of tensors."""
+        for i, g in zip(self._variable_index(trainable_variables), grads):
+            if g is not None:
+                if isinstance(g, tf.IndexedSlices):  # embeddings: Horovod's sparse_as_dense
+                    g = tf.convert_to_tensor(g)
+                self._grad_sums[i].assign_add(tf.cast(g, self._grad_sums[i].dtype))
+        self._passes.assign_add(1)
+
+    def synchronize(self) -> None:
+        """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
+        sums = [tf.identity(s.value, name=f"hvdsync_grad_{i}") for i, s in enumerate(self._grad_sums)]
+        reduced = allreduce_gradients(sums, self.reducer)
+        # Keras' mean-loss convention: the k passes of one update are averaged, like one batch k times as large.
+        factor = 1.0 / self.accumulate_steps if self.average_accumulated and self.accumulate_steps > 1 else None
+        for total, r in zip(self._grad_sums, reduced):
+            total.assign(r if factor is None else r * tf.cast(factor, r.dtype))
+
+    def step(self) -> None:
+        """Apply the (synchronized) gradients with the wrapped optimizer and start the next sum from zero."""
+        self.inner_optimizer.apply([s.value for s in self._grad_sums], self._trainable_variables)
+        for total in self._grad_sums:
+            total.assign(tf.zeros_like(total))
 
 
-def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model, sync,
-                          counter: WireCounter | None = None, seed: int = 0) -> DistributedOptimizer:
-    """Wrap ``optimizer`` so that ``model``'s gradients are all-reduced by Horovod.
+def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None = None, sync=None, *,
+                          compression: str | None = None, accumulate: int | None = None, op=None,
+                          counter: WireCounter | None = None, seed: int = 0,
+                          average_accumulated: bool = True) -> DistributedOptimizer:
+    """Wrap a Keras 3 optimizer so that gradients are all-reduced by Horovod (Horovod's ``DistributedOptimizer``).
 
     Args:
-        optimizer: the local Keras 3 optimizer.
-        model: the model; its ``trainable_variables`` are what the optimizer updates.
-        sync: a :class:`~hvdsync.config.SyncConfig`: ``compression``, ``accumulate`` (backward passes per
-            all-reduce and update) and the reduce ``op``.
+        optimizer: the local Keras 3 optimizer (its learning rate, schedule and slots are used as they are).
+        model: optional: build the optimizer over ``model.trainable_variables`` now (so that
+            :func:`broadcast_state` sees its slot variables before the first step).
+        sync: a :class:`~hvdsync.config.SyncConfig` (``compression``, ``accumulate``, ``op``); the keyword
+            arguments below override its fields. Default: hvdsync's defaults.
+        compression: codec on the wire (``"none"``, ``"fp16"``, ``"topk:0.01"``, ...: :mod:`hvdsync.core.codecs`;
+            Horovod's ``hvd.Compression.fp16`` is accepted too).
+        accumulate: backward passes per all-reduce and update (Horovod's ``backward_passes_per_step``).
+        op: ``"average"`` (default), ``"sum"``, ``"adasum"``, or Horovod's ``hvd.Average``/``hvd.Sum``/``hvd.Adasum``.
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
+        average_accumulated: average the ``accumulate`` passes (Keras' mean-loss convention, the default) or sum
+            them (a loop that scales each pass's loss itself).
 
     Example:
-        >>> opt = distributed_optimizer(keras.optimizers.SGD(0.1), model, cfg.sync)  # doctest: +SKIP
-        >>> broadcast_state(model, opt)                                             # doctest: +SKIP
+        >>> model.compile(optimizer=distributed_optimizer(keras.optimizers.SGD(0.1), accumulate=4),  # doctest: +SKIP
+        ...               loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
+        >>> model.fit(dataset, callbacks=[BroadcastGlobalVariablesCallback(0)])                    # doctest: +SKIP
     """
-    return DistributedOptimizer(optimizer, model.trainable_variables, sync, counter, seed)
+    s = _sync_settings(sync, compression, accumulate, op)
+    wrapped = DistributedOptimizer(optimizer, s.compression, s.accumulate, s.op, average_accumulated, counter, seed,
+                                   s.error_feedback)
+    if model is not None:
+        wrapped.build(model.trainable_variables)
+    return wrapped
 
 
-def broadcast_state(model: keras.Model, optimizer=None, root_rank: int = 0) -> None:
+def broadcast_state(model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None,
+                    root_rank: int = 0) -> None:
     """Make every rank start from rank 0's model variables (trainable and not, e.g. batch-norm statistics) and
-    optimizer variables (step count, learning rate, momentum or Adam moments).
+    optimizer variables (step count, learning rate, momentum or Adam moments, gradient sums).
 
     Without this, ranks that initialised differently would all-reduce gradients of *different* models and drift
-    apart silently. ``optimizer`` may be a :class:`DistributedOptimizer` or a Keras optimizer; a Keras optimizer that
-    was not built yet is built first, since its slot variables are created lazily.
+    apart silently. An optimizer that was not built yet is built over the model's trainable variables first, since
+    Keras 3 creates slot variables lazily.
     """
     variables = list(model.variables)
     if optimizer is not None:
-        keras_optimizer = getattr(optimizer, "optimizer", optimizer)
-        if not keras_optimizer.built:
-            keras_optimizer.build(model.trainable_variables)
-        variables += list(keras_optimizer.variables)
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        variables += list(optimizer.variables)
     for i, v in enumerate(variables):
         # Named by position: every rank lists the same variables in the same order, and Horovod pairs the ranks'
         # requests by name.

@@ -7,13 +7,15 @@ Launch with hvdsync's launcher (``hvdsync train --framework tensorflow --np 2``)
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
 
 from hvdsync.core import data as datasets
-from hvdsync.core.loop import FitResult, fit_with
+from hvdsync.core.loop import Callback, FitResult, fit_loop
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
 from hvdsync.registry import build_model
@@ -33,21 +35,26 @@ class TensorFlowBackend:
     framework = "tensorflow"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, sync, broadcast: bool = True,
-                 precision: MixedPrecision | None = None, seed: int = 0) -> None:
+                 precision: MixedPrecision | None = None, seed: int = 0, loss: Callable | None = None,
+                 input_shape: tuple[int, ...] | None = None) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
-        self.model, self.timer = model, PhaseTimer()
+        self.model, self.timer, self.loss = model, PhaseTimer(), loss
         # Mixed precision: the policy was set before the model was built; fp16 wraps the local optimizer in a
         # loss-scale optimizer whose skip decision is all-reduced (hvdsync.tensorflow.precision).
         self.precision = precision if precision is not None else MixedPrecision("fp32")
         optimizer = self.precision.wrap(optimizer)
-        self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed)
+        # Summed, not averaged, over the accumulated passes: the loop scales each pass's loss by its share of the
+        # global step (hvdsync.core.scaling), so the sum is already the global-step mean.
+        self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed, average_accumulated=False)
         self.precision.attach(self.optimizer)
         self.wire = self.optimizer.counter  # what the optimizer's compressor hands to Horovod
         if broadcast:  # rank 0's model and optimizer variables to every rank (elastic: the state's first sync does)
             broadcast_state(self.model, self.optimizer)
         # Micro-batch sizes vary (the last step of an epoch is short, even empty on some ranks): a batch dimension
         # of None and the scale as a tensor keep each function to one trace.
-        spec = [tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.float32), tf.TensorSpec((None,), tf.int64),
+        # A subclassed model declares no input shape: the data's sample shape says it.
+        x_shape = (None, *input_shape) if input_shape is not None else (None,) + tuple(model.input_shape[1:])
+        spec = [tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec((None,), tf.int64),
                 tf.TensorSpec((), tf.float32)]
         self._backward = tf.function(self._backward_pass, input_signature=spec)
         self._synchronize = tf.function(self.optimizer.synchronize)
@@ -64,7 +71,10 @@ class TensorFlowBackend:
     def _backward_pass(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             logits = tf.cast(self.model(x, training=True), tf.float32)  # the loss in float32 under mixed precision
-            loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            if self.loss is None:
+                loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            else:  # the user's loss is the batch mean (Keras' convention): times the batch size it is the sum
+                loss = self.loss(y, logits) * tf.cast(tf.shape(x)[0], tf.float32)
             # Summed loss times the global-step scale (hvdsync.core.scaling): the optimizer *adds* each pass's
             # gradients, so after `accumulate` passes the sum is the gradient of the mean over the whole global step.
             scaled = self.precision.scale_loss(loss * scale)
@@ -75,6 +85,8 @@ class TensorFlowBackend:
         total = 0.0
         scale = tf.constant(scale, tf.float32)
         for x, y in micro:
+            if len(y) == 0:  # nothing to read on this rank in this micro-batch; the all-reduce below still joins in
+                continue
             with self.timer.phase("compute"):
                 total += float(self._backward(x, y, scale))
         with self.timer.phase("sync_wait"):
@@ -96,17 +108,45 @@ class TensorFlowBackend:
         return [np.asarray(v.numpy()) for v in self.model.trainable_variables]
 
 
-def build(cfg, data: datasets.Dataset, broadcast: bool = True) -> TensorFlowBackend:
-    """The Keras model, its local optimizer (learning rate scaled per ``train.lr_scaling``), wrapped for Horovod;
+def build(cfg, data: datasets.Dataset, broadcast: bool = True, model: keras.Model | None = None,
+          loss: Callable | None = None, optimizer: keras.optimizers.Optimizer | None = None) -> TensorFlowBackend:
+    """The backend for ``cfg``: ``model`` (default: the registered ``train.model`` sized for ``data``), its local
+    optimizer (default: ``train.optimizer`` with the learning rate scaled per ``train.lr_scaling``), Horovod;
     ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
     precision = MixedPrecision(cfg.train.precision)  # sets Keras' dtype policy for the layers built next
-    model = build_model(cfg, data, "tensorflow")
-    optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast, precision=precision, seed=cfg.train.seed)
+    model = model if model is not None else build_model(cfg, data, "tensorflow")
+    if optimizer is None:
+        optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
+    return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast, precision=precision,
+                             seed=cfg.train.seed, loss=loss, input_shape=tuple(data.x_train.shape[1:]))
 
 
-def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None) -> FitResult:
-    """Initialise this TensorFlow worker, build the model, train it (:func:`hvdsync.core.loop.fit_with`); returns
-    this rank's :class:`~hvdsync.core.loop.FitResult`. ``cfg`` defaults to ``Config()``, ``data`` to the dataset
-    ``cfg.data`` names; ``before_step(epoch, step)`` is an optional hook."""
-    return fit_with(init, build, cfg, data, before_step)
+def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, model: keras.Model | None = None,
+        loss: Callable | None = None, optimizer: keras.optimizers.Optimizer | None = None,
+        evaluate: Callable | None = None, callbacks: Sequence[Callback] = ()) -> FitResult:
+    """Initialise this TensorFlow worker and train with the shared loop; returns this rank's
+    :class:`~hvdsync.core.loop.FitResult`. The same arguments as :func:`hvdsync.torch.fit` (a ``tf.data`` pipeline of
+    your own goes through Keras' ``fit`` with :class:`~hvdsync.tensorflow.PlanSampler` instead).
+
+    Args:
+        cfg: a :class:`~hvdsync.config.Config` (default ``Config()``).
+        data: in-memory arrays (:class:`~hvdsync.core.data.Dataset`) instead of the registered ``data.dataset``.
+        before_step: ``before_step(epoch, step)`` on every rank before each step.
+        model: your Keras model (then ``loss`` is required), e.g. :class:`~hvdsync.tensorflow.CNN`.
+        loss: ``loss(y_true, y_pred)`` returning the batch *mean*, e.g.
+            ``keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
+        optimizer: your *local* Keras optimizer (default: ``train.optimizer`` at the scaled ``train.lr``).
+        evaluate: ``evaluate() -> {metric: (sum, count)}`` over this rank's share (default: test accuracy).
+        callbacks: :class:`~hvdsync.core.loop.Callback` objects.
+    """
+    from hvdsync.config import Config  # here: hvdsync.config imports the core, not the adapters
+
+    if model is not None and loss is None:
+        raise ValueError("loss: fit(model=...) with your own model needs loss=... (e.g. "
+                         "keras.losses.SparseCategoricalCrossentropy(from_logits=True)); only hvdsync's registered "
+                         "models come with a default loss")
+    cfg = cfg or Config()
+    init(cfg)
+    data = data if data is not None else datasets.load(cfg.data, cfg.train.seed)
+    backend = build(cfg, data, model=model, loss=loss, optimizer=optimizer)
+    return fit_loop(cfg, backend, data, evaluate, callbacks=callbacks, before_step=before_step)

@@ -39,9 +39,11 @@ cloudpickle.register_pickle_by_value(tf_checks)
 def ranks(tmp_path_factory):
     """Both ranks' results of every in-worker check (one launch, ~20-60 s on 2 cores)."""
     log_dir = tmp_path_factory.mktemp("tf-workers")
-    results = run(tf_checks.run_all, np=2, progress=False, log_dir=log_dir, env={"TF_ENABLE_ONEDNN_OPTS": "1"})
+    uri = f"sqlite:///{log_dir / 'mlflow.db'}"
+    results = run(tf_checks.run_all, kwargs={"tracking_uri": uri}, np=2, progress=False, log_dir=log_dir,
+                  env={"TF_ENABLE_ONEDNN_OPTS": "1"})
     for r in results:
-        r["log"] = (log_dir / "workers.log").read_text()
+        r["log"], r["tracking_uri"] = (log_dir / "workers.log").read_text(), uri
     return results
 
 
@@ -142,6 +144,100 @@ def test_tf_data_loader_yields_the_plans_micro_batches(ranks):
         assert r["loader"]["global_counts"] == [16] * 6 + [5]
     assert sum(ranks[0]["loader"]["sizes"]) + sum(ranks[1]["loader"]["sizes"]) == 101
     assert len(ranks[0]["loader"]["sizes"]) == len(ranks[1]["loader"]["sizes"]) == 7 * 3
+
+
+# ---- Keras 3: compile + fit ------------------------------------------------------------------------------------------
+def test_keras_fit_on_2_workers_equals_plain_keras_on_1_with_twice_the_batch(ranks):
+    # 96 samples (6 full steps of 2 x 8 per epoch), and 101 (the last step holds 3 + 2) with steps_per_execution=3:
+    # the plan's loss weights keep the short step exact.
+    for name in ("keras_even", "keras_uneven_spe3", "keras_accumulate"):
+        got = ranks[0][name]
+        assert got["max_diff"] < TOL and got["moved"] > 1e-2, name
+    assert ranks[0]["keras_uneven_spe3"]["iterations"] == 2 * 7  # 7 steps per epoch, one update each
+    assert ranks[0]["keras_even"]["state"] == {"epoch": 1, "consumed": 96}  # the sampler followed training
+
+
+def test_keras_accumulate_4_all_reduces_once_per_4_batches_and_fp16_goes_on_the_wire(ranks):
+    for r in ranks:
+        acc, half = r["keras_accumulate"], r["keras_fp16"]
+        assert acc["batches"] == 4 * acc["steps"] == 48  # micro-batches of 2 per rank
+        assert acc["iterations"] == acc["steps"] == 12  # one update per 4 batches
+        assert acc["wire"]["tensors"] == acc["steps"] * acc["grad_tensors"]  # one grouped all-reduce per update
+        assert acc["wire"]["dtypes"] == ["float32"] and acc["wire"]["bytes"] == 4 * acc["elements"] * acc["steps"]
+        assert half["wire"]["dtypes"] == ["float16"] and half["wire"]["bytes"] == 2 * half["elements"] * half["steps"]
+    apart = max(float(np.max(np.abs(a - b))) for a, b in
+                zip(ranks[0]["keras_fp16"]["params"], ranks[0]["keras_accumulate"]["params"]))
+    assert 0.0 < apart < 1e-2  # the values really went through float16
+
+
+def test_keras_ranks_hold_identical_parameters_at_the_end(ranks):
+    names = ("keras_even", "keras_uneven_spe3", "keras_accumulate", "keras_fp16", "keras_warmup")
+    for r in ranks:
+        assert [r[name]["spread"] for name in names] == [0.0] * len(names)
+    for name in names:
+        for a, b in zip(ranks[0][name]["params"], ranks[1][name]["params"]):
+            assert np.array_equal(a, b)
+
+
+def test_metric_average_makes_rank_0_log_the_figures_over_all_ranks_samples(ranks):
+    got = ranks[0]["keras_even"]
+    # Validation: 11 samples on rank 0, 19 on rank 1; the last epoch's figure is the final model's on all 30.
+    assert got["history"]["val_accuracy"][-1] == pytest.approx(got["val_all"], abs=1e-6)
+    assert got["val_ranks"][0] != got["val_ranks"][1]  # so a plain mean of the two would be off
+    # Training: each rank saw 48 samples per epoch; rank 0 logs the accuracy over all 96.
+    for epoch in range(2):
+        local = [r["keras_even"]["local"][epoch]["accuracy"] for r in ranks]
+        assert got["history"]["accuracy"][epoch] == pytest.approx(sum(local) / 2, abs=1e-6)
+    assert ranks[1]["keras_even"]["history"] == got["history"]  # every rank logs the same figures
+
+
+def test_mlflow_callback_records_rank_0s_global_metrics(ranks):
+    import mlflow
+
+    got = ranks[0]["keras_even"]
+    client = mlflow.MlflowClient(tracking_uri=ranks[0]["tracking_uri"])
+    run_ = client.get_run(got["run_id"])
+    assert run_.info.status == "FINISHED" and run_.data.params["model"] == "mlp"
+    history = [m.value for m in client.get_metric_history(got["run_id"], "val_accuracy")]
+    assert history == pytest.approx(got["history"]["val_accuracy"])
+    assert ranks[1]["keras_even"]["run_id"] is None  # only rank 0 writes
+
+
+def test_warmup_reaches_the_target_lr_at_the_stated_epoch(root):
+    lrs = root["keras_warmup"]["lrs"]  # at each batch: 6 per epoch, 3 epochs, warm-up over 2, target 0.5
+    assert len(lrs) == 18
+    assert lrs[0] == pytest.approx(tf_checks.LR / 2)  # the one-worker rate (target / world size)
+    assert all(a < b for a, b in zip(lrs[:12], lrs[1:12]))  # rising through epochs 0 and 1
+    assert lrs[11] < tf_checks.LR
+    assert lrs[12:] == pytest.approx([tf_checks.LR] * 6)  # from epoch 2 on: the target
+    assert root["keras_warmup"]["history"]["learning_rate"][1:] == pytest.approx([tf_checks.LR] * 2)
+
+
+def test_fit_trains_the_users_cnn_with_the_users_loss(ranks):
+    for r in ranks:
+        got = r["user_cnn"]
+        assert got["params"] == 9690  # the same layers as hvdsync.torch.CNN(1, 10, width=16)
+        assert got["spread"] == 0.0
+    assert ranks[0]["user_cnn"]["accuracy"] >= 0.7  # digits as 8x8 images, 8 epochs of 21 steps
+
+
+def test_tf_data_plan_stream_reads_every_sample_once_with_equal_batches_per_rank(ranks):
+    streams = [r["plan_stream"] for r in ranks]
+    read = sorted(streams[0]["read"] + streams[1]["read"])
+    assert read == list(range(101))  # exactly once over both ranks
+    assert streams[0]["batches"] == streams[1]["batches"] == 7 * 3  # 7 steps x accumulate 3 on each rank
+    # Keras takes each batch's weighted mean, the optimizer averages the 3 batches of a step and Horovod the 2 ranks:
+    # a sample's share of the update is w / (batch size x 3 x 2), and the shares of every step's samples sum to 1
+    # (16 samples in micro-batches of 3, 3, 2 per rank; 5 on the last step).
+    for step in range(7):
+        shares = [w / (len(batch) * 3 * 2) for s in streams for batch in s["weights"][3 * step:3 * step + 3]
+                  for w in batch]
+        assert len(set(np.round(shares, 12))) == 1 and sum(shares) == pytest.approx(1.0)
+    # Micro-batches of 1 there: weight 1 x accumulate 3 x loss scale (2 ranks / 5 samples) = 1.2 each.
+    last = [w for s in streams for batch in s["weights"][18:] for w in batch]
+    assert last == pytest.approx([1.2] * 5)
+    # A fresh sampler (world of 1) loaded with "48 samples consumed" streams exactly the other 53.
+    assert sorted(streams[0]["rest"]) == sorted(set(range(101)) - set(streams[0]["first"]))
 
 
 # ---- what a user runs -----------------------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def check_apply_gradients(n: int = 64, batch_size: int = 8, accumulate: int = 4)
     init(cfg)
     data = _dataset(n)
     model = mlp(FEATURES, HIDDEN, CLASSES)
-    opt = distributed_optimizer(keras.optimizers.SGD(LR), model, cfg.sync)
+    # The loss below is each micro-batch's sum times its share of the global step: sum the passes, do not average.
+    opt = distributed_optimizer(keras.optimizers.SGD(LR), model, cfg.sync, average_accumulated=False)
     broadcast_state(model, opt)
     start = _weights(model)
 
@@ -108,10 +109,11 @@ def check_apply_gradients(n: int = 64, batch_size: int = 8, accumulate: int = 4)
         return opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
     plan = ShardPlan(n, hvd.size(), batch_size, accumulate, SEED, True)
-    flags = []
+    updates = [0]  # the wrapped optimizer's iterations after each call: it counts updates, not passes
     for s in plan.epoch(0, hvd.rank()):
         scale = tf.constant(loss_scale(s.global_count, hvd.size(), "average"), tf.float32)
-        flags += [bool(step(data.x_train[m], data.y_train[m], scale)) for m in s.micro]
+        updates += [int(step(data.x_train[m], data.y_train[m], scale)) for m in s.micro]
+    flags = [b > a for a, b in zip(updates, updates[1:])]
     out = {"flags": flags, "wire": opt.counter.snapshot(), "grad_tensors": len(model.trainable_variables),
            "traces": step.experimental_get_tracing_count()}
     if hvd.rank() == 0:
@@ -223,7 +225,137 @@ def check_digits_fp16(epochs: int) -> dict:
             "phases": r.phase_seconds, "seconds": r.total_seconds}
 
 
-def run_all(digits_epochs: int = 5) -> dict:
+class _Recorder:
+    """A Keras callback (made inside the worker) that keeps each epoch's logs as it sees them and the learning rate
+    at each batch."""
+
+    @staticmethod
+    def make():
+        import keras
+
+        class Recorder(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.epochs, self.lrs = [], []
+
+            def on_train_batch_begin(self, batch, logs=None):
+                self.lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.epochs.append(dict(logs or {}))
+
+        return Recorder()
+
+
+def check_keras_fit(n: int, accumulate: int = 1, epochs: int = 2, steps_per_execution: int = 1,
+                    compression: str = "none", validation: bool = False, tracking_uri: str | None = None,
+                    warmup_epochs: float = 0) -> dict:
+    """``model.compile(optimizer=distributed_optimizer(...))`` + ``model.fit`` on the plan's ``tf.data`` stream vs plain
+    Keras in one process on the global batches (batch 8 per rank, so 16 per step on 2 ranks)."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from hvdsync.config import Config
+    from hvdsync.core.monitor import fingerprint, spread
+    from hvdsync.tensorflow import PlanSampler, distributed_optimizer, init, mlp
+    from hvdsync.tensorflow.callbacks import (BroadcastGlobalVariablesCallback, LearningRateWarmupCallback,
+                                              MetricAverageCallback, MLflowCallback)
+
+    init(_config(8))
+    data = _dataset(n)
+    model = mlp(FEATURES, HIDDEN, CLASSES)
+    start = _weights(model)  # rank 0's are broadcast at the start of fit
+    opt = distributed_optimizer(keras.optimizers.SGD(LR), compression=compression, accumulate=accumulate)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=False, steps_per_execution=steps_per_execution)
+    sampler = PlanSampler(n, 8, accumulate, SEED, rank=hvd.rank())
+    x, y = tf.constant(data.x_train), tf.constant(data.y_train)
+    stream = sampler.dataset(lambda i: (tf.gather(x, i), tf.gather(y, i)))
+    local, seen = _Recorder.make(), _Recorder.make()  # before / after the metric average
+    callbacks = [sampler, local, BroadcastGlobalVariablesCallback(0), MetricAverageCallback()]
+    if warmup_epochs:
+        callbacks.append(LearningRateWarmupCallback(LR, warmup_epochs))
+    tracker = None
+    if tracking_uri:
+        cfg = Config.from_dict({"tracking": {"tracking_uri": tracking_uri, "experiment": "keras"}})
+        tracker = MLflowCallback(cfg, params={"model": "mlp"})
+        callbacks.append(tracker)
+    callbacks.append(seen)
+    # Validation: uneven shares of 30 held-out samples (11 on rank 0, 19 on rank 1).
+    xv, yv = _dataset(200).x_train[100:130], _dataset(200).y_train[100:130]
+    mine = slice(0, 11) if hvd.rank() == 0 else slice(11, 30)
+    history = model.fit(stream, epochs=epochs, verbose=0, callbacks=callbacks,
+                        validation_data=(xv[mine], yv[mine]) if validation else None)
+    params = _weights(model)
+    g = hvd.allgather(tf.constant([fingerprint(params)]), name=f"keras.fp.{n}.{accumulate}.{compression}")
+    out = {"history": history.history, "local": local.epochs, "lrs": seen.lrs, "params": params,
+           "wire": opt.counter.snapshot(), "iterations": int(opt.iterations.numpy()), "spread": spread(g.numpy()),
+           "batches": sum(len(s.micro) for s in sampler.plan.epoch(0, hvd.rank())) * epochs,
+           "steps": sampler.plan.steps_per_epoch() * epochs, "grad_tensors": len(model.trainable_variables),
+           "elements": sum(int(v.numpy().size) for v in model.trainable_variables),
+           "state": sampler.state_dict(), "run_id": tracker.run_id if tracker else None}
+    if hvd.rank() == 0:
+        from hvdsync.core.sharding import ShardPlan
+
+        plan = ShardPlan(n, hvd.size(), 8, 1, SEED, True)
+        out.update(max_diff=_max_diff(params, reference(start, data, plan, epochs)), moved=_max_diff(params, start))
+        if validation:  # the final model on all 30 validation samples, and each rank's share on its own
+            hits = np.argmax(model.predict(xv, verbose=0), axis=1) == yv
+            out.update(val_all=float(hits.mean()), val_ranks=[float(hits[:11].mean()), float(hits[11:].mean())])
+    return out
+
+
+def check_plan_stream(n: int = 101, batch_size: int = 8, accumulate: int = 3) -> dict:
+    """The plan's tf.data stream mapped onto a user lookup: which samples each rank reads, with what weights."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvdsync.tensorflow import PlanSampler
+
+    hvd.init()
+    ids = tf.range(n, dtype=tf.int64)
+    sampler = PlanSampler(n, batch_size, accumulate, SEED)
+    sampler.set_epoch(1)
+    read, weights, batches = [], [], 0
+    for x, _, w in sampler.dataset(lambda i: (tf.gather(ids, i), tf.gather(ids, i))):
+        read += x.numpy().tolist()
+        weights.append(w.numpy().tolist())
+        batches += 1
+    # Half-way resume: a fresh sampler in a world of 1 continues with exactly what was not consumed yet.
+    half = PlanSampler(n, batch_size, accumulate, SEED, rank=0, world_size=hvd.size())
+    half.load_state_dict({"epoch": 1, "consumed": 48})
+    rest = PlanSampler(n, batch_size, accumulate, SEED, rank=0, world_size=1)
+    rest.load_state_dict(half.state_dict())
+    rest_read = [i for x, _ in rest.dataset() for i in x.numpy().tolist()]
+    first = sampler.plan.order(1)[:48].tolist()
+    return {"read": read, "weights": weights, "batches": batches, "rest": rest_read, "first": first}
+
+
+def check_user_cnn_fit(epochs: int = 8) -> dict:
+    """``hvdsync.tensorflow.fit`` with the user's model (the CNN) and loss (label-smoothed cross-entropy, a mean)
+    on digits as 8x8 images, through the shared loop."""
+    import keras
+    import tensorflow as tf
+
+    from hvdsync.config import Config
+    from hvdsync.tensorflow import CNN, fit
+
+    cfg = Config.from_dict({"data": {"dataset": "digits_images", "batch_size": 32},
+                            "train": {"framework": "tensorflow", "epochs": epochs, "optimizer": "adam", "lr": 0.01},
+                            "tracking": {"enabled": False}})
+    model = CNN(10, width=16)
+    model(np.zeros((1, 8, 8, 1), np.float32))  # its variables exist from its first call
+
+    def smoothed(y, logits):
+        return tf.reduce_mean(keras.losses.categorical_crossentropy(tf.one_hot(y, 10), logits, from_logits=True,
+                                                                     label_smoothing=0.1))
+
+    r = fit(cfg, model=model, loss=smoothed, optimizer=keras.optimizers.Adam(0.01))
+    return {"accuracy": r.test_accuracy, "spread": r.param_spread, "params": int(model.count_params())}
+
+
+def run_all(digits_epochs: int = 5, tracking_uri: str | None = None) -> dict:
     """Every check, in one worker process per rank (TensorFlow's import is the slow part)."""
     import time
 
@@ -238,6 +370,14 @@ def run_all(digits_epochs: int = 5) -> dict:
         "sync_bn": check_sync_batch_norm,
         "loader": check_loader,
         "fp16": lambda: check_digits_fp16(digits_epochs),
+        "plan_stream": check_plan_stream,
+        # Keras compile + fit. 96 samples: 6 full steps of 16 per epoch; 101: the last step holds 5 (3 + 2).
+        "keras_even": lambda: check_keras_fit(96, validation=True, tracking_uri=tracking_uri),
+        "keras_uneven_spe3": lambda: check_keras_fit(101, steps_per_execution=3),
+        "keras_accumulate": lambda: check_keras_fit(96, accumulate=4),
+        "keras_fp16": lambda: check_keras_fit(96, accumulate=4, compression="fp16"),
+        "keras_warmup": lambda: check_keras_fit(96, epochs=3, warmup_epochs=2),
+        "user_cnn": check_user_cnn_fit,
     }
     for name, check in checks.items():
         t = time.perf_counter()
