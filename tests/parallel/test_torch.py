@@ -6,6 +6,7 @@ asserts one promise. Two more launches train for real: the CLI and a plain `horo
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -80,7 +81,8 @@ def test_cli_trains_digits_with_fp16_and_accumulation_and_records_the_run(tmp_pa
         [str(BIN / "hvdsync"), "train", "--framework", "torch", "--np", "2", "--compression", "fp16",
          "--accumulate", "4", "--tracking-uri", f"sqlite:///{db}", "--experiment", "cli-test", "--json",
          "--log-dir", str(tmp_path / "logs")],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        # A knob set in the user's environment wins over the config, and rank 0 says so once: a known worker line.
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "HOROVOD_CACHE_CAPACITY": "512"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["test_accuracy"] >= 0.90
@@ -89,14 +91,16 @@ def test_cli_trains_digits_with_fp16_and_accumulation_and_records_the_run(tmp_pa
     assert result["backward_passes"] == 4 * result["optimizer_steps"]
     assert result["allreduce_rounds"] == result["optimizer_steps"]
     # Quiet by default: worker lines went to the log file, not to the terminal.
-    assert "<stdout>" not in proc.stdout + proc.stderr
-    assert (tmp_path / "logs" / "workers.log").stat().st_size > 0
+    log = (tmp_path / "logs" / "workers.log").read_text()
+    assert "HOROVOD_CACHE_CAPACITY=512 from the environment wins" in log
+    assert not re.search(r"\[\d\]<std(out|err)>", proc.stdout + proc.stderr)
     # The run record is in the MLflow store.
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
     run = client.get_run(result["run_id"])
     assert run.data.params["sync.compression"] == "fp16" and run.data.params["world_size"] == "2"
+    assert run.data.params["sync.cache_capacity"] == "512"  # the value that applied, not the config's 1024
     assert run.data.metrics["final_test_accuracy"] == pytest.approx(result["test_accuracy"])
     from hvdsync.core.tracking import EPOCH_METRICS, FINAL_METRICS
 
