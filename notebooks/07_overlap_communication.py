@@ -108,8 +108,12 @@ for ax, variant in zip(axes, overlap.VARIANTS):
     names = list(row["bytes"])[::-1]
     ax.axvspan(0, (b1 - b0) * 1e3, color="0.85", label="backward")
     for y, name in enumerate(names):
-        span = min((s for s in step_spans if s.name == name and s.start >= b0), key=lambda s: s.start)
-        ax.barh(y, (span.end - span.start) * 1e3, left=(span.start - b0) * 1e3, color="tab:blue")
+        # The first all-reduce of this tensor in the step's window; the window starts 50 ms early because the two
+        # clocks (Horovod's timeline, the worker's hooks) are aligned only to within a few ms.
+        spans = [s for s in step_spans if s.name == name]
+        if spans:
+            span = min(spans, key=lambda s: s.start)
+            ax.barh(y, (span.end - span.start) * 1e3, left=(span.start - b0) * 1e3, color="tab:blue")
         ready = min(t for t in row["ready"][name] if t >= b0)
         ax.plot((ready - b0) * 1e3, y, "o", color="tab:red", ms=4)
     ax.set_yticks(range(len(names)), [f"{n} ({row['bytes'][n] / 2**20:.2f} MiB)" for n in names], fontsize=7)
