@@ -187,7 +187,22 @@ class CodecReducer:
         return results
 
 
-class CodecOptimizer:
+class SkipSynchronize:
+    """Horovod's ``skip_synchronize()`` for hvdsync's own optimizers: ``step()`` inside the block does not
+    synchronize, because the caller already did (e.g. to unscale or clip the reduced gradients in between)."""
+
+    _skip = False
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+
+class CodecOptimizer(SkipSynchronize):
     """A distributed optimizer for the reducing codecs, with ``hvd.DistributedOptimizer``'s calling convention.
 
     Gradients add up in ``.grad`` over the backward passes of a step; ``synchronize()`` combines them across ranks
@@ -248,15 +263,6 @@ class CodecOptimizer:
                 p.grad = g
             else:
                 p.grad.copy_(g)
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Inside, ``step()`` does not synchronize (it was done explicitly)."""
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
 
     def step(self, closure=None):
         if not self._skip:

@@ -19,8 +19,6 @@ they hand to Horovod.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
 
 import horovod.torch as hvd
 import torch
@@ -29,7 +27,7 @@ from hvdsync.core.codecs import WireCounter
 from hvdsync.core.ring import chunk_bounds
 from hvdsync.core.schemes import gossip
 from hvdsync.core.schemes.ps import push_splits, server_count
-from hvdsync.torch.compression import CodecCompressor
+from hvdsync.torch.compression import CodecCompressor, SkipSynchronize
 
 
 def _options(optimizer: torch.optim.Optimizer) -> dict:
@@ -49,7 +47,7 @@ def _initialise_state(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
         p.grad = None
 
 
-class SchemeOptimizer:
+class SchemeOptimizer(SkipSynchronize):
     """What the sync-mode optimizers share: the optimizer surface the training step uses, and the byte counts.
 
     Args:
@@ -94,15 +92,6 @@ class SchemeOptimizer:
         if not self._synchronized:
             self._synchronize()
             self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """``step()`` inside this block does not call :meth:`synchronize` (it was called already)."""
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
 
     def step(self, closure=None):
         if closure is not None:
