@@ -20,7 +20,9 @@ from typing import Any, Mapping
 import yaml
 
 from hvdsync.core.codecs import get_codec
+from hvdsync.core.scaling import GROWTH_LR_RULES
 from hvdsync.core.schemes import MODES
+from hvdsync.core.shares import SHARE_RULES, parse_growth
 
 FRAMEWORKS = ("torch", "tensorflow")
 REDUCE_OPS = ("average", "sum", "adasum")
@@ -166,6 +168,14 @@ class DataConfig:
         shuffle: reshuffle the global order each epoch (seeded; identical on every rank).
         synthetic_samples / synthetic_features / synthetic_classes: shape of the synthetic sets.
         image_size / image_channels: height (= width) and channels of ``synthetic_images``.
+        shares: how each global step is divided among the ranks: ``equal`` (sizes differ by at most one) or
+            ``adaptive`` (at every epoch boundary, by each rank's measured throughput, all-gathered: a slow rank
+            reads fewer samples; :mod:`hvdsync.core.shares`).
+        batch_growth: ``{epoch: factor}``: from ``epoch`` on the batch is ``factor`` x ``batch_size`` (fewer
+            all-reduces per epoch); the learning rate follows ``train.growth_lr``. Empty: a constant batch.
+        test_slow_rank / test_slowdown: **for tests and demonstrations only**: rank ``test_slow_rank`` (-1: none)
+            sleeps ``test_slowdown - 1`` times each compute phase's duration after it, i.e. it computes
+            ``test_slowdown`` times slower (what ``shares: adaptive`` is measured against).
     """
 
     dataset: str = "digits"
@@ -177,6 +187,10 @@ class DataConfig:
     synthetic_classes: int = 10
     image_size: int = 16
     image_channels: int = 3
+    shares: str = "equal"
+    batch_growth: dict = field(default_factory=dict)
+    test_slow_rank: int = -1
+    test_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         from hvdsync.registry import DATASETS
@@ -190,6 +204,15 @@ class DataConfig:
         _int("data.synthetic_classes", self.synthetic_classes, 2)
         _int("data.image_size", self.image_size, 1)
         _int("data.image_channels", self.image_channels, 1)
+        _choice("data.shares", self.shares, SHARE_RULES)
+        if not isinstance(self.batch_growth, dict):
+            _fail("data.batch_growth", self.batch_growth, "expected a mapping of epoch to batch factor, e.g. {2: 2, 4: 4}")
+        try:
+            self.batch_growth = dict(parse_growth("data.batch_growth", self.batch_growth))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        _int("data.test_slow_rank", self.test_slow_rank, -1)
+        _number("data.test_slowdown", self.test_slowdown, 1.0)
 
 
 @dataclass
@@ -206,6 +229,8 @@ class TrainConfig:
         lr: learning rate for the global batch (see ``lr_scaling``).
         lr_scaling: ``none`` keeps ``lr``; ``linear`` multiplies it by the number of workers (the usual rule when
             the global batch grows with the workers).
+        growth_lr: how the learning rate follows ``data.batch_growth``'s factor f: ``sqrt`` (x sqrt(f)),
+            ``linear`` (x f) or ``none`` (:func:`hvdsync.core.scaling.grown_lr`).
         optimizer: ``sgd`` (with ``momentum``) or ``adam``.
         hidden: width of the MLP's hidden layer (the CNN's channels: a multiple of 4).
         seed: the one global seed; per-rank seeds are derived from it.
@@ -221,6 +246,7 @@ class TrainConfig:
     epochs: int = 10
     lr: float = 0.1
     lr_scaling: str = "none"
+    growth_lr: str = "sqrt"
     optimizer: str = "sgd"
     momentum: float = 0.9
     hidden: int = 64
@@ -239,6 +265,7 @@ class TrainConfig:
         _int("train.epochs", self.epochs, 1)
         _number("train.lr", self.lr, 0.0, low_open=True)
         _choice("train.lr_scaling", self.lr_scaling, LR_SCALING)
+        _choice("train.growth_lr", self.growth_lr, GROWTH_LR_RULES)
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _number("train.momentum", self.momentum, 0.0, 1.0)
         _int("train.hidden", self.hidden, 1)
@@ -374,6 +401,13 @@ class Config:
         if self.elastic.enabled and not self.elastic.min_np <= self.train.np <= self.elastic.max_np:
             raise ConfigError(f"train.np: {self.train.np} is not allowed with elastic training; expected from "
                               f"elastic.min_np ({self.elastic.min_np}) to elastic.max_np ({self.elastic.max_np})")
+        if self.elastic.enabled and (self.data.shares != "equal" or self.data.batch_growth):
+            field_name = "data.shares" if self.data.shares != "equal" else "data.batch_growth"
+            raise ConfigError(f"{field_name}: {getattr(self.data, field_name[5:])!r} is not allowed with elastic "
+                              "training; the elastic loop re-plans with equal shares and a constant batch")
+        if self.data.test_slow_rank >= self.train.np:
+            raise ConfigError(f"data.test_slow_rank: {self.data.test_slow_rank} is not allowed with train.np "
+                              f"{self.train.np}; expected -1 (none) or a rank below {self.train.np}")
         if self.data.batch_size < self.sync.accumulate:
             raise ConfigError(
                 f"sync.accumulate: {self.sync.accumulate} is not allowed with data.batch_size "

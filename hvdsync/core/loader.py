@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from hvdsync.core.shares import rebalanced
 from hvdsync.core.sharding import PlanState, ShardPlan, Step
 
 
@@ -31,7 +32,11 @@ class PlanLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.plan.steps_per_epoch()
+        return self.plan.steps_per_epoch(0, self.epoch)
+
+    def set_shares(self, shares) -> None:
+        """Each rank's fraction of every global step from now on (``None``: equal); :mod:`hvdsync.core.shares`."""
+        self.plan = self.plan.with_shares(shares)
 
     def steps(self, epoch: int | None = None, start: int = 0) -> list[Step]:
         """This rank's steps in ``epoch`` (default: the one ``set_epoch`` chose), from global offset ``start``."""
@@ -87,6 +92,20 @@ class PlanCursor:
         if s.consumed > self.plan.dataset_size:
             raise ValueError(f"consumed: {s.consumed} is not allowed; the plan has {self.plan.dataset_size} samples")
         self.epoch, self.consumed = s.epoch, s.consumed
+
+    # ---- unequal shares (stragglers) ---------------------------------------------------------------------------
+    def set_shares(self, shares) -> None:
+        """Each rank's fraction of every global step from the next planned step on (``None``: equal). Every rank
+        must set the same shares (:mod:`hvdsync.core.shares`); the position (``consumed``) stays valid."""
+        self.plan = self.plan.with_shares(shares)
+
+    def rebalance(self, work_seconds: float, allgather) -> tuple[float, ...]:
+        """At the end of an epoch, on every rank: re-divide the next epochs' steps by each rank's throughput in this
+        one (samples read over ``work_seconds``: its step time minus the all-reduce wait). Returns the new shares.
+        The adapters' samplers pass their framework's ``allgather``."""
+        shares = rebalanced(self.plan, self.epoch, self.rank, work_seconds, allgather)
+        self.set_shares(shares)
+        return shares
 
     # ---- what to read ------------------------------------------------------------------------------------------
     def planned_steps(self) -> list[Step]:

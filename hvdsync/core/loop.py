@@ -133,6 +133,7 @@ class TrainContext:
     metrics: dict = field(default_factory=dict)
     stop_training: bool = False
     status: str = "RUNNING"
+    steps: Any = None  # the step source (adaptive shares re-divide its plan between epochs)
 
     @property
     def plan_state(self) -> PlanState:
@@ -211,7 +212,7 @@ def array_evaluator(backend: Any, data: Dataset) -> Callable[[], Evaluation]:
 def plan_for(cfg: Any, dataset_size: int, world_size: int) -> ShardPlan:
     """The shard plan ``cfg`` describes for ``dataset_size`` samples on ``world_size`` ranks."""
     return ShardPlan(dataset_size, world_size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed,
-                     cfg.data.shuffle)
+                     cfg.data.shuffle, growth=cfg.data.batch_growth)
 
 
 def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evaluation) -> dict[str, float]:
@@ -238,7 +239,7 @@ def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar:
     backend, result, cfg = ctx.backend, ctx.result, ctx.cfg
     loss_sum, seen, step_times = 0.0, 0, []
     ctx.position = start
-    ctx.step = ctx.plan.steps_per_epoch() - ctx.plan.steps_per_epoch(start)
+    ctx.step = ctx.plan.steps_per_epoch(0, ctx.epoch) - ctx.plan.steps_per_epoch(start, ctx.epoch)
     batches: Iterator = iter(steps.epoch_steps(ctx.epoch, start))
     while not ctx.stop_training:
         t = time.perf_counter()
@@ -301,28 +302,41 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
     tracker = tracker if tracker is not None else make_tracker(cfg.tracking, rank)
     tracker.start(params={**(params if params is not None else applied_params(cfg)), "world_size": size},
                   tags={"framework": backend.framework})
-    first_epoch_steps = plan.steps_per_epoch(resume.consumed)
-    total = first_epoch_steps + max(0, cfg.train.epochs - resume.epoch - 1) * plan.steps_per_epoch()
+    total = sum(plan.steps_per_epoch(resume.consumed if e == resume.epoch else 0, e)
+                for e in range(resume.epoch, cfg.train.epochs))
     bar = Progress(total if resume.epoch < cfg.train.epochs else 0, rank,
                    desc=progress_desc or f"{backend.framework} x{size}")
     result = FitResult(backend.framework, size, rank, cfg.train.epochs, float("nan"))
-    ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed)
-    from hvdsync.core.observe import Observer  # here: observe builds on this module's Callback
+    ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed,
+                       steps=steps)
+    from hvdsync.core import adaptive  # here: these modules build on this module's Callback
+    from hvdsync.core.observe import Observer
 
     # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.observe).
     observer = Observer()
-    hooks = _Callbacks([observer, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
+    own = [observer]
+    if rank == cfg.data.test_slow_rank:  # tests and demonstrations only: this rank computes test_slowdown x slower
+        backend.timer.slow_down(cfg.data.test_slowdown)
+    if cfg.data.shares == "adaptive" or cfg.data.test_slow_rank >= 0:
+        own.append(adaptive.AdaptiveShares(adapt=cfg.data.shares == "adaptive"))
+    if plan.growth:
+        own.append(adaptive.GrowthLearningRate())
+    hooks = _Callbacks([*own, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
     start = time.perf_counter()
     try:
         hooks.on_train_begin(ctx)
         for epoch in range(resume.epoch, cfg.train.epochs):
             ctx.epoch = epoch
             hooks.on_epoch_begin(ctx)
-            epoch_start = time.perf_counter()
+            epoch_start, tensors = time.perf_counter(), backend.wire.snapshot()["tensors"]
             local = _train_epoch(ctx, steps, hooks, bar, resume.consumed if epoch == resume.epoch else 0)
             evaluation = evaluate() if evaluate is not None else {}
             local["epoch_seconds"] = time.perf_counter() - epoch_start
             ctx.metrics = _gather_metrics(backend, local, evaluation)
+            # Counted (gradient tensors handed to Horovod), not computed from the plan: what a growing batch saves.
+            tensors = backend.wire.snapshot()["tensors"] - tensors
+            ctx.metrics["sync_rounds"] = tensors / max(1, backend.grad_tensors)
+            ctx.metrics["global_batch"] = float(plan.global_batch_at(epoch))
             result.history.append({"epoch": epoch, **ctx.metrics})
             tracker.log_metrics(ctx.metrics, step=epoch)
             hooks.on_epoch_end(ctx)

@@ -36,12 +36,20 @@ class PhaseTimer:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.slowdown = 1.0
+
+    def slow_down(self, factor: float) -> None:
+        """For tests and demonstrations only (``data.test_slowdown``): make every ``compute`` phase ``factor`` times
+        longer by sleeping ``factor - 1`` times its duration at its end, like a slower device would."""
+        self.slowdown = float(factor)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
+            if name == "compute" and self.slowdown > 1.0:
+                time.sleep((self.slowdown - 1.0) * (time.perf_counter() - start))
         finally:
             self.seconds[name] += time.perf_counter() - start
             self.counts[name] += 1

@@ -48,6 +48,32 @@ def scaled_lr(lr: float, world_size: int, rule: str) -> float:
     raise ValueError(f"lr_scaling: {rule!r} is not allowed; choose one of: none, linear")
 
 
+GROWTH_LR_RULES = ("none", "linear", "sqrt")
+
+
+def grown_lr(lr: float, factor: float, rule: str) -> float:
+    """The learning rate when the global batch is ``factor`` times its starting size.
+
+    ``linear`` (Goyal et al. 2017: the same number of epochs of SGD see the same total step length) multiplies by
+    ``factor``; ``sqrt`` (Krizhevsky 2014; Hoffer et al. 2017: keeps the gradient noise's variance per step) by its
+    square root, the safer rule for adaptive optimizers and large factors; ``none`` keeps ``lr`` (Smith et al.
+    2018 grow the batch *instead of* decaying the rate: a larger batch then acts like a smaller rate).
+
+    Example:
+        >>> [grown_lr(0.1, 4, r) for r in ("none", "linear", "sqrt")]
+        [0.1, 0.4, 0.2]
+    """
+    if factor <= 0:
+        raise ValueError(f"factor: {factor!r} is not allowed; expected a number > 0")
+    if rule == "none":
+        return lr
+    if rule == "linear":
+        return lr * factor
+    if rule == "sqrt":
+        return lr * factor ** 0.5
+    raise ValueError(f"lr rule: {rule!r} is not allowed; choose one of: {', '.join(GROWTH_LR_RULES)}")
+
+
 def warmup_lr(target_lr: float, world_size: int, epoch: float, warmup_epochs: float) -> float:
     """Goyal et al.'s gradual warm-up for large global batches: the learning rate at (fractional) ``epoch``.
 

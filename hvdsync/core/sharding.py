@@ -12,12 +12,20 @@ The rule (also in the README):
   rank would call allreduce once more than the others and wait forever. On the last, shorter step a rank may get a
   smaller (even empty) micro-batch; :func:`hvdsync.core.scaling.loss_scale` weights each rank's loss by its share of
   the global step, so the update still equals a single process's update on the same samples.
+* Unequal shares (``shares``, :mod:`hvdsync.core.shares`): each global step is cut in rank order into pieces of
+  ``shares[r]`` of its samples (largest remainders), so a slow rank reads fewer. The cut is the only thing that
+  changes: the same global step, the same number of steps and micro-batches on every rank, every sample once, and
+  the same loss scale (which already weighs each rank by its local count, ``Step.weight``).
+* A growing batch (``growth``: ``((epoch, factor), ...)``): from ``epoch`` on the batch is ``factor`` times
+  ``batch_size``, so the epoch has fewer, larger steps (fewer all-reduces).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from hvdsync.core.shares import check_shares, parse_growth, split_counts
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,12 @@ class Step:
     def indices(self) -> np.ndarray:
         return np.concatenate(self.micro) if self.micro else np.empty(0, dtype=np.int64)
 
+    @property
+    def weight(self) -> float:
+        """This rank's weight in the step's gradient (its samples over the step's): the weights of all ranks sum to
+        one, which is what :func:`hvdsync.core.scaling.loss_scale` gives each rank's summed loss."""
+        return self.local_count / self.global_count if self.global_count else 0.0
+
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -52,6 +66,10 @@ class ShardPlan:
         accumulate: micro-batches per optimizer step.
         seed: global seed; the epoch's order is ``permutation(seed, epoch)``.
         shuffle: if False the order is 0..N-1 every epoch.
+        shares: each rank's fraction of every global step (non-negative, normalised to sum to one); None: equal
+            (sizes differ by at most one). :func:`hvdsync.core.shares.balanced_shares` derives them from throughput.
+        growth: ``((epoch, factor), ...)``: from ``epoch`` on the per-rank batch is ``factor * batch_size``
+            (:func:`hvdsync.core.shares.parse_growth`); empty: a constant batch.
 
     Example:
         >>> plan = ShardPlan(dataset_size=10, world_size=2, batch_size=2)
@@ -64,16 +82,33 @@ class ShardPlan:
     accumulate: int = 1
     seed: int = 0
     shuffle: bool = True
+    shares: tuple[float, ...] | None = None
+    growth: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name, low in (("dataset_size", 1), ("world_size", 1), ("batch_size", 1), ("accumulate", 1)):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"ShardPlan.{name}: {value!r} is not allowed; expected an integer >= {low}")
+        if self.shares is not None:
+            object.__setattr__(self, "shares", check_shares("ShardPlan.shares", self.shares, self.world_size))
+        object.__setattr__(self, "growth", parse_growth("ShardPlan.growth", self.growth))
 
     @property
     def global_batch(self) -> int:
+        """Samples in a global step of epoch 0 (:meth:`global_batch_at` for a growing batch)."""
         return self.world_size * self.batch_size
+
+    def batch_size_at(self, epoch: int) -> int:
+        """The per-rank batch of ``epoch``: ``batch_size`` times the growth factor in force."""
+        factor = 1
+        for start, f in self.growth:
+            if epoch >= start:
+                factor = f
+        return self.batch_size * factor
+
+    def global_batch_at(self, epoch: int) -> int:
+        return self.world_size * self.batch_size_at(epoch)
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's global order of sample indices (identical on every rank, independent of world size)."""
@@ -82,10 +117,17 @@ class ShardPlan:
         rng = np.random.default_rng([self.seed, epoch])
         return rng.permutation(self.dataset_size).astype(np.int64)
 
-    def steps_per_epoch(self, start: int = 0) -> int:
-        """Optimizer steps in an epoch, from global sample offset ``start`` (0 unless resuming mid-epoch)."""
+    def steps_per_epoch(self, start: int = 0, epoch: int = 0) -> int:
+        """Optimizer steps in ``epoch``, from global sample offset ``start`` (0 unless resuming mid-epoch)."""
         remaining = self.dataset_size - start
-        return -(-remaining // self.global_batch) if remaining > 0 else 0
+        return -(-remaining // self.global_batch_at(epoch)) if remaining > 0 else 0
+
+    def split(self, chunk: np.ndarray) -> list[np.ndarray]:
+        """One global step's samples cut into the ranks' pieces, in rank order (equal or by ``shares``)."""
+        if self.shares is None:
+            return np.array_split(chunk, self.world_size)
+        edges = np.concatenate([[0], np.cumsum(split_counts(len(chunk), self.shares))])
+        return [chunk[edges[r]:edges[r + 1]] for r in range(self.world_size)]
 
     def epoch(self, epoch: int, rank: int, start: int = 0) -> list[Step]:
         """All steps of ``epoch`` for ``rank``.
@@ -98,11 +140,11 @@ class ShardPlan:
         if not 0 <= start <= self.dataset_size:
             raise ValueError(f"start: {start!r} is not allowed; expected 0 <= start <= {self.dataset_size}")
         order = self.order(epoch)
-        steps = []
-        for s in range(self.steps_per_epoch(start)):
-            lo = start + s * self.global_batch
-            chunk = order[lo:lo + self.global_batch]
-            mine = np.array_split(chunk, self.world_size)[rank]
+        steps, global_batch = [], self.global_batch_at(epoch)
+        for s in range(self.steps_per_epoch(start, epoch)):
+            lo = start + s * global_batch
+            chunk = order[lo:lo + global_batch]
+            mine = self.split(chunk)[rank]
             micro = tuple(np.array_split(mine, self.accumulate))
             steps.append(Step(micro=micro, global_count=len(chunk)))
         return steps
@@ -113,8 +155,14 @@ class ShardPlan:
         return np.concatenate([s.indices for s in steps]) if steps else np.empty(0, dtype=np.int64)
 
     def resized(self, world_size: int) -> "ShardPlan":
-        """The same plan for a new world size (elastic scale up/down); combine with ``start`` to resume."""
-        return ShardPlan(self.dataset_size, world_size, self.batch_size, self.accumulate, self.seed, self.shuffle)
+        """The same plan for a new world size (elastic scale up/down); combine with ``start`` to resume. Shares
+        belong to ranks, so the new world starts from equal ones."""
+        return replace(self, world_size=world_size, shares=None)
+
+    def with_shares(self, shares: "tuple[float, ...] | None") -> "ShardPlan":
+        """The same plan with each rank's fraction of every global step (None: equal); the order, the step cuts and
+        ``consumed`` positions stay valid, so it may change at any step boundary."""
+        return replace(self, shares=None if shares is None else tuple(float(x) for x in shares))
 
 
 @dataclass(frozen=True)

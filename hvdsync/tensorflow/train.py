@@ -96,6 +96,17 @@ class TensorFlowBackend:
             self._update()
         return total
 
+    def scale_learning_rate(self, factor: float) -> None:
+        """Set the learning rate to ``factor`` times its value at the first call (the growing batch's rule,
+        :class:`hvdsync.core.adaptive.GrowthLearningRate`)."""
+        rate = self.optimizer.learning_rate
+        if not hasattr(rate, "assign"):
+            raise ValueError("data.batch_growth: a learning-rate schedule is not allowed with a growing batch; give "
+                             "the optimizer a constant learning rate (train.growth_lr scales it)")
+        if not hasattr(self, "_base_lr"):
+            self._base_lr = float(np.asarray(rate))
+        rate.assign(self._base_lr * factor)
+
     def count_correct(self, x: np.ndarray, y: np.ndarray) -> int:
         logits = self.model(x, training=False)
         return int(np.sum(np.argmax(logits, axis=1) == y))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator, Sized
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
@@ -30,6 +31,11 @@ class PlanSampler(PlanCursor, Sampler):
         seed: the global seed of the epochs' order; shuffle: False reads 0..N-1 every epoch.
         rank, world_size: default ``hvd.rank()`` and ``hvd.size()`` (after ``init``).
         op: Horovod's reduce op (``average``, ``sum``), for :meth:`scale`.
+        growth: ``{epoch: factor}``, a batch that grows over the epochs (``data.batch_growth``).
+
+    Straggler-aware shares in your own loop: at each epoch's end call ``sampler.rebalance(work_seconds)`` on every
+    rank (your step time minus the wait in ``optimizer.synchronize()``); the next epochs give each rank a share of
+    every global step proportional to its throughput (:mod:`hvdsync.core.shares`), with the same guarantees.
 
     Example::
 
@@ -46,26 +52,28 @@ class PlanSampler(PlanCursor, Sampler):
 
     def __init__(self, dataset: Sized | int, batch_size: int, accumulate: int = 1, seed: int = 0,
                  shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
-                 op: str = "average") -> None:
+                 op: str = "average", growth=()) -> None:
         size = dataset if isinstance(dataset, int) else len(dataset)
         world_size = hvd.size() if world_size is None else world_size
-        plan = ShardPlan(size, world_size, batch_size, accumulate, seed, shuffle)
+        plan = ShardPlan(size, world_size, batch_size, accumulate, seed, shuffle, growth=growth)
         super().__init__(plan, hvd.rank() if rank is None else rank)
         loss_scale(1, world_size, op)  # checks op now, not at the first step
         self.op = op
 
     @classmethod
     def from_plan(cls, plan: ShardPlan, rank: int | None = None, op: str = "average") -> "PlanSampler":
-        """The sampler for an existing plan (world size and all)."""
-        return cls(plan.dataset_size, plan.batch_size, plan.accumulate, plan.seed, plan.shuffle, rank,
-                   plan.world_size, op)
+        """The sampler for an existing plan (world size, shares, growth and all)."""
+        sampler = cls(plan.dataset_size, plan.batch_size, plan.accumulate, plan.seed, plan.shuffle, rank,
+                      plan.world_size, op, plan.growth)
+        sampler.set_shares(plan.shares)
+        return sampler
 
     @classmethod
     def from_config(cls, cfg, dataset: Sized | int, rank: int | None = None,
                     world_size: int | None = None) -> "PlanSampler":
-        """Batch size, accumulation, seed, shuffle and op from a :class:`hvdsync.config.Config`."""
+        """Batch size, accumulation, seed, shuffle, op and batch growth from a :class:`hvdsync.config.Config`."""
         return cls(dataset, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed, cfg.data.shuffle, rank,
-                   world_size, cfg.sync.op)
+                   world_size, cfg.sync.op, cfg.data.batch_growth)
 
     def __iter__(self) -> Iterator[list[int]]:
         return self.micro_batches()
@@ -77,9 +85,18 @@ class PlanSampler(PlanCursor, Sampler):
         """``(micro_batches, step)`` per optimizer step from ``loader`` (a ``DataLoader`` over this sampler)."""
         return self.group(loader)
 
+    def rebalance(self, work_seconds: float, allgather=None) -> tuple[float, ...]:
+        """Re-divide the next epochs' global steps by each rank's throughput in this one (all-gathered through
+        Horovod); call it on every rank at the epoch's end. Returns the new shares."""
+        return super().rebalance(work_seconds, allgather or _allgather)
+
     def scale(self, step: Step) -> float:
         """The factor for a micro-batch's summed loss in ``step`` (:func:`hvdsync.core.scaling.loss_scale`)."""
         return loss_scale(step.global_count, self.plan.world_size, self.op)
+
+
+def _allgather(values: np.ndarray) -> np.ndarray:
+    return hvd.allgather(torch.as_tensor(values).reshape(1, -1), name="hvdsync.shares").numpy()
 
 
 class LoaderSteps:
@@ -91,6 +108,10 @@ class LoaderSteps:
             raise ValueError(f"train: a DataLoader with batch_sampler {type(sampler).__name__} is not allowed; "
                              "build it with DataLoader(dataset, batch_sampler=hvdsync.torch.PlanSampler(...))")
         self.loader, self.sampler, self.plan = loader, sampler, sampler.plan
+
+    def set_shares(self, shares) -> None:
+        self.sampler.set_shares(shares)
+        self.plan = self.sampler.plan
 
     def epoch_steps(self, epoch: int, start: int = 0) -> Iterator[tuple[list, Step]]:
         self.sampler.load_state_dict({"epoch": epoch, "consumed": start})

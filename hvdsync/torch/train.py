@@ -121,6 +121,14 @@ class TorchBackend:
             self.precision.step(self.optimizer)  # skipped on every rank if any rank's fp16 gradients overflowed
         return total
 
+    def scale_learning_rate(self, factor: float) -> None:
+        """Set every parameter group's learning rate to ``factor`` times its rate at the first call (the growing
+        batch's rule, :class:`hvdsync.core.adaptive.GrowthLearningRate`)."""
+        if not hasattr(self, "_base_lrs"):
+            self._base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        for group, base in zip(self.optimizer.param_groups, self._base_lrs):
+            group["lr"] = base * factor
+
     @torch.no_grad()
     def count_correct(self, x: np.ndarray, y: np.ndarray) -> int:
         self.model.eval()

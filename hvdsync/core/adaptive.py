@@ -1,0 +1,74 @@
+"""The shared loop's adaptive parts: straggler-aware shares and the learning rate of a growing batch.
+
+Both are :class:`~hvdsync.core.loop.Callback` objects that :func:`~hvdsync.core.loop.fit_loop` adds when the config
+asks (``data.shares: adaptive``, ``data.batch_growth``), so they work for every model, loss and step source of
+either framework. The maths is in :mod:`hvdsync.core.shares` and :func:`hvdsync.core.scaling.grown_lr`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hvdsync.core.loop import Callback
+from hvdsync.core.profiling import PHASES
+from hvdsync.core.scaling import grown_lr
+from hvdsync.core.shares import balanced_shares
+
+# Work = a step's time minus its wait in the all-reduce: what a rank's own speed decides.
+_WORK = [PHASES.index(p) for p in ("data", "compute", "update")]
+
+
+class AdaptiveShares(Callback):
+    """Measures every rank's work per epoch and, with ``adapt``, re-divides the next epoch's global steps by it.
+
+    At each epoch's end every rank all-gathers ``(samples read, work seconds)`` (one small all-gather; the phase
+    timers give the work: data + compute + update, without the all-reduce wait, in which a fast rank idles for a
+    slow one). The shares for the next epoch are :func:`~hvdsync.core.shares.balanced_shares` of those numbers,
+    computed alike on every rank, and handed to the step source (``set_shares``). The epoch boundary is the
+    re-weighting point because a ``DataLoader`` plans its batches when its iterator is made, once per epoch.
+
+    It also records, per epoch, each rank's samples, work seconds and share (``result.history``; MLflow
+    ``rank/<r>/samples``, ``rank/<r>/share``), with ``adapt=False`` too (equal shares, measured for comparison).
+
+    Args:
+        adapt: re-divide the steps (``data.shares: adaptive``); False only measures.
+    """
+
+    def __init__(self, adapt: bool = True) -> None:
+        self.adapt = adapt
+
+    def on_train_begin(self, ctx) -> None:
+        self.steps = ctx.steps
+        if self.adapt and not hasattr(self.steps, "set_shares"):
+            raise ValueError(f"data.shares: 'adaptive' is not allowed with a step source of type "
+                             f"{type(self.steps).__name__}; it needs set_shares(shares) (hvdsync's loaders and "
+                             "samplers have it)")
+
+    def on_epoch_begin(self, ctx) -> None:
+        self._samples, self._start = 0, np.asarray(ctx.backend.timer.snapshot())
+
+    def on_step_end(self, ctx) -> None:
+        self._samples += ctx.last_step.local_count
+
+    def on_epoch_end(self, ctx) -> None:
+        work = float((np.asarray(ctx.backend.timer.snapshot()) - self._start)[_WORK].sum())
+        gathered = ctx.backend.allgather(np.array([self._samples, work], dtype=np.float64))
+        used = ctx.plan.shares or (1.0 / ctx.size,) * ctx.size
+        record = {"rank_samples": gathered[:, 0].astype(int).tolist(), "rank_work_seconds": gathered[:, 1].tolist(),
+                  "shares": list(used)}
+        if self.adapt:
+            shares = balanced_shares(gathered[:, 0], gathered[:, 1], previous=used)
+            self.steps.set_shares(shares)
+            ctx.plan = ctx.plan.with_shares(shares)
+        if ctx.result.history:
+            ctx.result.history[-1].update(record)
+        ctx.tracker.log_metrics({**{f"rank/{r}/samples": float(n) for r, n in enumerate(gathered[:, 0])},
+                                 **{f"rank/{r}/share": s for r, s in enumerate(used)}}, step=ctx.epoch)
+
+
+class GrowthLearningRate(Callback):
+    """Sets the learning rate of each epoch for ``data.batch_growth`` by ``train.growth_lr``
+    (:func:`~hvdsync.core.scaling.grown_lr` of the batch factor in force), through ``backend.scale_learning_rate``."""
+
+    def on_epoch_begin(self, ctx) -> None:
+        factor = ctx.plan.batch_size_at(ctx.epoch) / ctx.plan.batch_size
+        ctx.backend.scale_learning_rate(grown_lr(1.0, factor, ctx.cfg.train.growth_lr))
