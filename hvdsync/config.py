@@ -107,9 +107,12 @@ class SyncConfig:
         cache_capacity: Horovod response-cache entries (HOROVOD_CACHE_CAPACITY); 0 turns the cache off.
         mode: how ranks combine their work (:data:`hvdsync.core.schemes.MODES`): ``allreduce`` (default; ring
             all-reduce of gradients), ``ps`` (parameter server from Horovod collectives), ``gossip`` (each rank
-            averages its parameters with its ring neighbours).
+            averages its parameters with its ring neighbours), ``local_sgd`` (H local steps, then the parameters and
+            optimizer state are averaged; :mod:`hvdsync.core.schemes.local_sgd`).
         ps_servers: ``ps`` only: number of server ranks owning a shard each; 0 (default) = every rank.
-        period: ``gossip`` only: average with the neighbours every ``period`` steps (1 = every step).
+        period: ``gossip`` and ``local_sgd``: average every ``period`` optimizer steps (1 = every step).
+        warmup_steps: ``local_sgd`` only: all-reduce the gradients for the first ``warmup_steps`` steps, then go
+            local (post-local SGD); 0 = local from the start.
     """
 
     compression: str = "none"
@@ -127,11 +130,13 @@ class SyncConfig:
     mode: str = "allreduce"
     ps_servers: int = 0
     period: int = 1
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         _choice("sync.mode", self.mode, tuple(MODES))
         _int("sync.ps_servers", self.ps_servers, 0)
         _int("sync.period", self.period, 1)
+        _int("sync.warmup_steps", self.warmup_steps, 0)
         try:
             codec = get_codec(self.compression)
         except ValueError as exc:

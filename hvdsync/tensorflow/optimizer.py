@@ -208,7 +208,8 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         optimizer: the local Keras 3 optimizer (its learning rate, schedule and slots are used as they are).
         model: optional: build the optimizer over ``model.trainable_variables`` now (so that
             :func:`broadcast_state` sees its slot variables before the first step).
-        sync: a :class:`~hvdsync.config.SyncConfig` (``compression``, ``accumulate``, ``op``); the keyword
+        sync: a :class:`~hvdsync.config.SyncConfig` (``compression``, ``accumulate``, ``op``; a ``mode`` other
+            than ``allreduce`` returns that mode's optimizer from :mod:`hvdsync.tensorflow.schemes`); the keyword
             arguments below override its fields. Default: hvdsync's defaults.
         compression: codec on the wire (``"none"``, ``"fp16"``, ``"topk:0.01"``, ...: :mod:`hvdsync.core.codecs`;
             Horovod's ``hvd.Compression.fp16`` is accepted too).
@@ -225,6 +226,13 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         >>> model.fit(dataset, callbacks=[BroadcastGlobalVariablesCallback(0)])                    # doctest: +SKIP
     """
     s = _sync_settings(sync, compression, accumulate, op)
+    if s.mode != "allreduce":  # local SGD (hvdsync.tensorflow.schemes): the same optimizer, other phases
+        from hvdsync.tensorflow.schemes import scheme_optimizer
+
+        wrapped = scheme_optimizer(optimizer, s, counter, average_accumulated)
+        if model is not None:
+            wrapped.build(model.trainable_variables)
+        return wrapped
     wrapped = DistributedOptimizer(optimizer, s.compression, s.accumulate, s.op, average_accumulated, counter, seed,
                                    s.error_feedback)
     if model is not None:

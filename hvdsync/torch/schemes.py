@@ -13,6 +13,9 @@ which shard, who talks to whom, how much) come from :mod:`hvdsync.core.schemes`;
 * :class:`GossipOptimizer` (``sync.mode: gossip``): every ``sync.period`` steps ``synchronize`` exchanges the
   parameters with the ring neighbours (``hvd.alltoall`` with splits) and mixes them; ``step`` is the local step
   on the local gradient (D-PSGD).
+* :class:`LocalSGDOptimizer` (``sync.mode: local_sgd``): ``step`` is the local step; every ``sync.period`` steps it
+  then averages the parameters and the optimizer state in one ``hvd.allreduce``; with ``sync.warmup_steps`` the
+  first steps all-reduce the gradients instead (post-local SGD).
 
 Both count the bytes each rank sends and receives (:attr:`SchemeOptimizer.traffic`) from the tensors and splits
 they hand to Horovod.
@@ -25,7 +28,8 @@ import torch
 
 from hvdsync.core.codecs import WireCounter
 from hvdsync.core.ring import chunk_bounds
-from hvdsync.core.schemes import gossip
+from hvdsync.core import ring
+from hvdsync.core.schemes import gossip, local_sgd
 from hvdsync.core.schemes.ps import push_splits, server_count
 from hvdsync.torch.compression import CodecCompressor, SkipSynchronize
 
@@ -239,7 +243,74 @@ class GossipOptimizer(SchemeOptimizer):
         self.steps += 1
 
 
-SCHEMES: dict[str, type[SchemeOptimizer]] = {"ps": ParameterServerOptimizer, "gossip": GossipOptimizer}
+class LocalSGDOptimizer(SchemeOptimizer):
+    """``sync.mode: local_sgd``: local steps, and every ``sync.period`` steps one all-reduce that averages the
+    parameters and the optimizer state (:mod:`hvdsync.core.schemes.local_sgd` says when, and why the state too).
+
+    ``rounds`` counts the all-reduces it issues (gradient rounds of the synchronous warm-up, then averagings);
+    :meth:`average` is public so a loop can make the ranks agree at a point of its choosing (e.g. before saving
+    or evaluating when the last step was not an averaging step); every rank must call it.
+    """
+
+    def __init__(self, optimizer, model, sync, counter=None) -> None:
+        super().__init__(optimizer, model, sync, counter)
+        self.steps = 0
+        self.averages = 0
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        # Floating-point state of a parameter's shape (momentum, Adam's moments), in parameter order and by key,
+        # so every rank lists the same tensors in the same order; scalars (Adam's step) agree on every rank anyway.
+        found = []
+        for p in self.params:
+            state = self.optimizer.state.get(p, {})
+            found += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)
+                      and state[k].is_floating_point() and state[k].shape == p.shape]
+        return found
+
+    def _allreduce_average(self, tensors: list[torch.Tensor], name: str) -> torch.Tensor:
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        for i, t in enumerate(tensors):
+            # The state tensors ride in the parameters' round: their bytes count, the round is counted once.
+            self.counter.record(t.numel(), t.element_size(), str(t.dtype).replace("torch.", ""),
+                                gradients=int(i < len(self.params)))
+        nbytes = int(ring.ring_bytes_per_rank(self.size, flat.numel() * flat.element_size()))
+        self.sent += nbytes
+        self.received += nbytes
+        self.rounds += 1
+        return hvd.allreduce(flat, op=hvd.Average, name=name)
+
+    @staticmethod
+    def _scatter(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            offset = 0
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    def average(self) -> None:
+        """Replace the parameters and optimizer state by their average over ranks (one all-reduce)."""
+        tensors = self.params + self._state_tensors()
+        self._scatter(self._allreduce_average(tensors, "hvdsync.local_sgd.average"), tensors)
+        self.averages += 1
+
+    def _synchronize(self) -> None:
+        if not local_sgd.synchronous(self.steps + 1, self.sync.warmup_steps):
+            return  # a local step: nothing to wait for
+        for p in self.params:
+            if p.grad is None:  # a parameter the loss did not touch still joins the all-reduce (as zeros)
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        self._scatter(self._allreduce_average(grads, "hvdsync.local_sgd.gradients"), grads)
+
+    def _step(self) -> None:
+        self.optimizer.step()
+        self.steps += 1
+        if local_sgd.averages_after(self.steps, self.sync.period, self.sync.warmup_steps):
+            self.average()
+
+
+SCHEMES: dict[str, type[SchemeOptimizer]] = {"ps": ParameterServerOptimizer, "gossip": GossipOptimizer,
+                                             "local_sgd": LocalSGDOptimizer}
 
 
 def scheme_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, sync,
@@ -256,43 +327,26 @@ def scheme_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, s
     return SCHEMES[sync.mode](optimizer, model, sync, counter)
 
 
-__all__ = ["SCHEMES", "scheme_optimizer", "SchemeOptimizer", "ParameterServerOptimizer", "GossipOptimizer"]
+__all__ = ["SCHEMES", "scheme_optimizer", "SchemeOptimizer", "ParameterServerOptimizer", "GossipOptimizer",
+           "LocalSGDOptimizer"]
 
 
-def train_modes(cfg_dict: dict, modes: dict[str, dict], track_consensus: bool = True) -> dict[str, dict]:
+def train_modes(cfg_dict: dict, modes: dict[str, dict], track_consensus: bool = True,
+                trace: bool = False) -> dict[str, dict]:
     """Train the same model from the same start once per entry of ``modes`` (name -> ``sync`` overrides) in this
     worker; every rank calls it (e.g. through :func:`hvdsync.launch.run`). For notebooks and tests that compare
-    sync modes side by side on one pair of workers.
-
-    Returns, per name: final ``params`` (numpy), ``accuracy``, per-epoch ``history`` of test accuracy, ``wire``
-    (what was handed to Horovod), ``traffic`` (bytes sent/received by the mode's collectives; None for
-    ``allreduce``), gossip's ``consensus`` records ``(step, before, after)``, ``steps``, ``seconds``, ``spread``.
+    sync modes side by side on one pair of workers; what it returns: :func:`hvdsync.core.schemes.compare.train_modes`.
 
     Example::
 
         out = launch.run(train_modes, args=(cfg.to_dict(), {"ring": {}, "ps": {"mode": "ps"}}), np=2)[0]
     """
-    from hvdsync.config import Config
-    from hvdsync.core.data import load
-    from hvdsync.core.loop import fit_loop
+    from hvdsync.core.schemes import compare
     from hvdsync.torch.runtime import init
     from hvdsync.torch.train import build
 
-    base = Config.from_dict(cfg_dict)
-    init(base)
-    data = load(base.data, base.train.seed)
-    out = {}
-    for name, sync in modes.items():
-        cfg = base.replace(sync=sync)
-        torch.manual_seed(cfg.train.seed)
-        backend = build(cfg, data)
-        opt = backend.optimizer
+    def prepare(opt) -> None:
         if isinstance(opt, GossipOptimizer):
             opt.track_consensus = track_consensus
-        result = fit_loop(cfg, backend, data)
-        out[name] = {"params": [p.copy() for p in backend.parameters()], "accuracy": result.test_accuracy,
-                     "history": [h["test_accuracy"] for h in result.history], "wire": result.wire,
-                     "traffic": opt.traffic if isinstance(opt, SchemeOptimizer) else None,
-                     "consensus": getattr(opt, "consensus", None), "steps": result.optimizer_steps,
-                     "seconds": result.total_seconds, "spread": result.param_spread}
-    return out
+
+    return compare.train_modes(cfg_dict, modes, init, build, torch.manual_seed, prepare, trace)

@@ -3,8 +3,9 @@
 ``sync.mode`` names one of :data:`MODES`. The config asks :meth:`Mode.problem` before any worker starts, so an
 impossible combination (a parameter server with Adasum, gossip with a gradient codec, a mode the framework's
 adapter does not implement) fails with one message naming the field. The framework-free maths and the numpy
-simulations live in the submodules (:mod:`.ps`, :mod:`.gossip`); the adapters (``hvdsync/torch/schemes.py``)
-only move tensors through Horovod's collectives as those modules plan.
+simulations live in the submodules (:mod:`.ps`, :mod:`.gossip`, :mod:`.local_sgd`, :mod:`.staleness`); the
+adapters (``hvdsync/torch/schemes.py``, ``hvdsync/tensorflow/schemes.py``) only move tensors through Horovod's
+collectives as those modules plan.
 
 Example:
     >>> MODES["ps"].problem({"op": "adasum", "compression": "none", "period": 1, "ps_servers": 0}, "torch", 2)
@@ -28,6 +29,7 @@ class Mode:
         codecs: the ``sync.compression`` values it accepts (``None``: any).
         periodic: whether it accepts ``sync.period`` > 1 (communicate every H steps).
         servers: whether it accepts ``sync.ps_servers``.
+        warmup: whether it accepts ``sync.warmup_steps`` (synchronous steps first: post-local SGD).
     """
 
     name: str
@@ -37,6 +39,7 @@ class Mode:
     codecs: tuple[str, ...] | None
     periodic: bool = False
     servers: bool = False
+    warmup: bool = False
 
     def problem(self, sync: Mapping[str, Any], framework: str, world_size: int, precision: str = "fp32") -> str | None:
         """The first reason these settings cannot run in this mode, as a field-named message, or None."""
@@ -63,6 +66,9 @@ class Mode:
         if self.servers and sync["ps_servers"] > world_size:
             return (f"sync.ps_servers: {sync['ps_servers']!r} is not allowed with train.np {world_size}; expected "
                     f"0 (one shard per rank) or 1 to {world_size}")
+        if not self.warmup and sync.get("warmup_steps", 0) != 0:
+            return (f"sync.warmup_steps: {sync['warmup_steps']!r} is not allowed with sync.mode {self.name!r}; "
+                    f"expected 0 (synchronous steps first is post-local SGD: sync.mode 'local_sgd')")
         return None
 
 
@@ -75,6 +81,11 @@ MODES: dict[str, Mode] = {
     "gossip": Mode("gossip", "decentralised averaging: each rank mixes its parameters with its ring neighbours "
                              "(a parameter exchange, not a gradient codec)", ("torch",), ("average",), ("none",),
                    periodic=True),
+    # Parameters, not gradients, are averaged: a gradient codec has nothing to act on, and a sum of parameters is
+    # no model. Accumulation is fine: it sums micro-batches inside one step, and steps are what the period counts.
+    "local_sgd": Mode("local_sgd", "local SGD: every rank steps on its own gradients and the parameters (with the "
+                                   "optimizer state) are averaged every sync.period steps",
+                      ("torch", "tensorflow"), ("average",), ("none",), periodic=True, warmup=True),
 }
 
 

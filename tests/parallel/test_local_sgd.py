@@ -1,0 +1,69 @@
+"""Local SGD (``sync.mode: local_sgd``) on real Horovod workers (2 processes, Gloo), one job per framework.
+
+Each job trains synchronous SGD, local SGD with H = 4 and H = 8 and post-local SGD (8 synchronous steps, then
+H = 4) from the same start over the same samples, records every rank's parameter fingerprint after every step, and
+runs the user's own path (torch: a hand-written loop with Adam; Keras: ``compile``/``fit``); see
+tests/parallel/local_sgd_checks.py. Rounds are what the optimizers counted as they issued the all-reduces.
+"""
+import cloudpickle
+import pytest
+
+from hvdsync import launch
+from hvdsync.core.schemes import local_sgd
+from tests.parallel import local_sgd_checks
+
+cloudpickle.register_pickle_by_value(local_sgd_checks)
+
+PERIODS = {"h4": (4, 0), "h8": (8, 0), "post": (4, 8)}
+
+
+@pytest.fixture(scope="module", params=["torch", "tensorflow"])
+def job(request):
+    fn = local_sgd_checks.run_torch if request.param == "torch" else local_sgd_checks.run_tensorflow
+    results = launch.run(fn, np=2, progress=False)
+    assert [r["size"] for r in results] == [2, 2]
+    return results
+
+
+def test_rounds_counted_are_steps_over_h(job):
+    runs = job[0]["runs"]
+    steps = runs["sync"]["steps"]
+    assert steps == 88
+    assert runs["sync"]["rounds"] == steps                            # one gradient all-reduce per step
+    assert runs["h4"]["rounds"] == steps // 4 == 22                   # 4x fewer, counted
+    assert runs["h8"]["rounds"] == steps // 8 == 11
+    assert runs["post"]["rounds"] == local_sgd.rounds(steps, 4, 8) == 8 + 80 // 4
+    for r in job:                                                     # both ranks issued the same rounds
+        assert {k: v["rounds"] for k, v in r["runs"].items()} == {k: v["rounds"] for k, v in runs.items()}
+
+
+def test_parameters_equal_right_after_each_averaging_and_apart_in_between(job):
+    for name, (period, warmup) in PERIODS.items():
+        a, b = (r["runs"][name]["fingerprints"] for r in job)
+        assert len(a) == len(b) == 88
+        for t in range(1, 89):
+            same = a[t - 1] == b[t - 1]
+            if local_sgd.synchronous(t, warmup) or local_sgd.averages_after(t, period, warmup):
+                assert same, (name, t)
+            else:
+                assert not same, (name, t)
+    a, b = (r["runs"]["sync"]["fingerprints"] for r in job)
+    assert a == b                                                     # synchronous: equal after every step
+
+
+def test_local_sgd_accuracy_within_two_points_of_synchronous(job):
+    runs = job[0]["runs"]
+    assert runs["sync"]["accuracy"] > 0.9                             # it trained
+    for name in PERIODS:
+        assert abs(runs[name]["accuracy"] - runs["sync"]["accuracy"]) <= 0.02, (name, runs[name]["accuracy"])
+        assert runs[name]["spread"] == 0.0                            # the last step (88) was an averaging
+
+
+def test_the_users_own_path(job):
+    users = [r["user"] for r in job]
+    assert users[0]["rounds"] == users[1]["rounds"] == 12 // 4
+    if "equal" in users[0]:                                            # torch: parameters and Adam's moments
+        assert users[0]["equal"] == [t % 4 == 0 for t in range(1, 13)]
+    else:                                                              # Keras fit: per-batch fingerprints
+        a, b = users[0]["fingerprints"], users[1]["fingerprints"]
+        assert [x == y for x, y in zip(a, b)] == [t % 4 == 0 for t in range(1, 13)]
