@@ -54,7 +54,10 @@ class Tensors(Protocol):
     fingerprint: str
 
     def save(self) -> None:
-        """Copy the model and optimizer values to host memory (the in-memory commit)."""
+        """Copy the model and optimizer values to host memory (the in-memory commit). Every rank calls it at the
+        same point, so it may be a collective: state sharded over ranks (a parameter server's optimizer state) is
+        gathered whole into every rank's copy, so a lost rank's shard survives and a world of another size can cut
+        it anew. Right after :meth:`from_files` (rank 0 alone, loading a checkpoint) it must not communicate."""
 
     def restore(self) -> None:
         """Put the last saved values back (undo uncommitted steps)."""
@@ -63,7 +66,7 @@ class Tensors(Protocol):
         """Broadcast rank 0's values to every rank (a collective)."""
 
     def to_files(self) -> dict[str, bytes]:
-        """The saved values as checkpoint files; no pickled code."""
+        """The saved values (the whole state, as :meth:`save` copied it) as checkpoint files; no pickled code."""
 
     def from_files(self, files: dict[str, bytes]) -> None:
         """Load values written by :meth:`to_files` (by value, never unpickling code)."""

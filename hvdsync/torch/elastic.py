@@ -13,6 +13,7 @@ Inside a user's own script (launched with ``horovodrun --host-discovery-script .
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 from collections.abc import Callable
@@ -33,27 +34,62 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 
 class TorchTensors:
-    """The torch part of the elastic state (:class:`hvdsync.core.elastic.Tensors`), on Horovod's handlers."""
+    """The torch part of the elastic state (:class:`hvdsync.core.elastic.Tensors`).
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    The model goes through Horovod's ``TorchState`` handler (a deep copy of its ``state_dict`` in host memory,
+    broadcast from rank 0 on sync). The optimizer is handled here, because Horovod's handler only recognises a
+    ``torch.optim.Optimizer`` and keeps anything else (hvdsync's codec and sync-mode optimizers) by reference, so
+    their state was neither committed nor restored. Every optimizer's committed copy is its ``state_dict()``; a
+    sharded one (``sync.mode: ps``, which has ``consolidate_state_dict``) first gathers every owner's shard, so the
+    copy on every rank holds the whole state: a lost owner's shard survives, and loading the copy into a world of
+    another size cuts it into that world's shards.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
-        # TorchState's handlers: deep copies of the state dicts in host memory, broadcast from rank 0 on sync.
-        self._inner = hvd.elastic.TorchState(model=model, optimizer=optimizer)
+        self._inner = hvd.elastic.TorchState(model=model)
+        self._sharded = hasattr(optimizer, "consolidate_state_dict")
+        # A sharded state is gathered at the first save (inside the elastic loop: no collective may run before).
+        self._optimizer_state = None if self._sharded else copy.deepcopy(optimizer.state_dict())
         self.fingerprint = fingerprint(model)
 
     def save(self) -> None:
         self._inner.save()
+        if self._sharded:
+            self.optimizer.consolidate_state_dict()  # a collective: every rank saves at the same commit
+        self._optimizer_state = copy.deepcopy(self.optimizer.state_dict())
 
     def restore(self) -> None:
         self._inner.restore()
+        if self._optimizer_state is not None:
+            self.optimizer.load_state_dict(self._optimizer_state)
 
     def sync(self) -> None:
+        # The optimizer before the model: on a rank whose optimizer has no state yet (a joining worker, or every
+        # rank but 0 of a resumed job) Horovod's broadcast_optimizer_state first takes a step on zero gradients to
+        # create it, and with weight decay that step moves the parameters; the model's broadcast then undoes it.
+        if isinstance(self.optimizer, torch.optim.Optimizer):  # Horovod's own (or a plain one): its tensor broadcast
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        else:
+            # Rank 0's committed copy equals its live state here (a sync follows a restore, a commit or a load),
+            # and for a sharded optimizer only the copy is whole. None: a fresh job, every rank holds the same state.
+            state = hvd.broadcast_object(self._optimizer_state if hvd.rank() == 0 else None, root_rank=0,
+                                         name="hvdsync.elastic.optimizer")
+            if state is not None:
+                self.optimizer.load_state_dict(state)
         self._inner.sync()
 
+    def reshard(self) -> None:
+        """A reset callback: give a sharded optimizer its committed whole state again, to be cut for the new world
+        (after hosts were removed no sync follows, and the survivors' live shards are laid out for the old one)."""
+        if self._sharded and self._optimizer_state is not None:
+            self.optimizer.load_state_dict(self._optimizer_state)
+
     def to_files(self) -> dict[str, bytes]:
-        # Called right after save(): the live state dicts are the committed ones. Tensors and plain containers only.
+        # Called right after save(): the live model is the committed one; the optimizer's whole state is the copy.
+        # Tensors and plain containers only.
         buf = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, buf)
+        torch.save({"model": self.model.state_dict(), "optimizer": self._optimizer_state}, buf)
         return {"torch_state.pt": buf.getvalue()}
 
     def from_files(self, files: dict[str, bytes]) -> None:
@@ -90,9 +126,10 @@ def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg=
     from hvdsync.config import Config
 
     cfg = cfg or Config()
-    return configured_state(TorchTensors(model, optimizer), cfg, hvd.broadcast_object, hvd.rank, hvd.size,
-                            [follow_world_size(optimizer, cfg.train.lr, cfg.train.lr_scaling)], codec, on_event,
-                            **user)
+    tensors = TorchTensors(model, optimizer)
+    return configured_state(tensors, cfg, hvd.broadcast_object, hvd.rank, hvd.size,
+                            [follow_world_size(optimizer, cfg.train.lr, cfg.train.lr_scaling), tensors.reshard],
+                            codec, on_event, **user)
 
 
 def _reset() -> None:
