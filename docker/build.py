@@ -178,14 +178,24 @@ def pip_build_options(server: LocalServer) -> list[str]:
     return options
 
 
-def horovod_cache_image(docker: list[str]) -> str | None:
-    """Put scripts/build_horovod.sh's wheel cache into a small image the Dockerfiles mount (HOROVOD_CACHE)."""
+def _fits(wheel: Path, variant: str) -> bool:
+    """Whether a cached wheel can serve ``variant``: NCCL builds for the GPU image, Gloo-only ones for the CPU image
+    (by the key beside it; a wheel without one is passed to both)."""
+    key = wheel.parent / "KEY"
+    return not key.exists() or ("-nccl" in key.read_text()) == (variant == "gpu")
+
+
+def horovod_cache_image(docker: list[str], variant: str) -> str | None:
+    """Put scripts/build_horovod.sh's wheel cache into a small image the Dockerfiles mount (HOROVOD_CACHE).
+
+    Only the wheels that can serve ``variant`` go in: the mounted image is part of the dependency step's build cache,
+    so a wheel built for the other image must not invalidate it."""
     cache = Path(os.environ.get("HVDSYNC_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
                  / "hvdsync") / "horovod"
-    wheels = sorted(cache.glob("*/horovod-*.whl"))
+    wheels = [w for w in sorted(cache.glob("*/horovod-*.whl")) if _fits(w, variant)]
     if not wheels:
         return None
-    tag = "hvdsync-horovod-cache:local"
+    tag = f"hvdsync-horovod-cache:{variant}"
     with tempfile.TemporaryDirectory() as ctx:
         for wheel in wheels:
             dest = Path(ctx) / "horovod" / wheel.parent.name
@@ -212,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = ns.tag or f"hvdsync:{ns.variant}"
         options = [o for arg, image in resolve_bases(docker, ns.base, ns.variant).items()
                    for o in ("--build-arg", f"{arg}={image}")]
-        cache = None if ns.no_horovod_cache else horovod_cache_image(docker)
+        cache = None if ns.no_horovod_cache else horovod_cache_image(docker, ns.variant)
         if cache:
             options += ["--build-arg", f"HOROVOD_CACHE={cache}"]
         with LocalServer() as server:

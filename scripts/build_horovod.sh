@@ -118,12 +118,24 @@ def version(*names):
             pass
     sys.exit(f"error: none of {names} is installed; install the frameworks before building Horovod")
 
+def tf():
+    # `tensorflow-cpu` keeps the short name (the keys of existing caches stay valid). The full `tensorflow` wheel ships
+    # more headers (its GPU kernels', CUDA's) and the GPU symbols an NCCL build links to: a different build.
+    try:
+        return f"tf{metadata.version('tensorflow-cpu')}"
+    except metadata.PackageNotFoundError:
+        return f"tensorflow{version('tensorflow')}"
+
 print(f"cp{sys.version_info.major}{sys.version_info.minor}-{sysconfig.get_platform()}"
-      f"-torch{version('torch')}-tf{version('tensorflow', 'tensorflow-cpu')}")
+      f"-torch{version('torch')}-{tf()}")
 EOF
 )"
 cxx="$(${CXX:-c++} -dumpfullversion 2>/dev/null || echo unknown)"
-fix_sum="$( (cat "$patch_dir"/*.patch; echo "recipe $RECIPE") | sha256sum | cut -c1-12)"
+# Patches under gpu/ change only code inside Horovod's `#if HAVE_GPU`: applied to, and part of the key of, NCCL builds
+# only, so adding one leaves Gloo-only wheels (and their cache) as they are.
+patches=("$patch_dir"/*.patch)
+[ "$gpu" != cpu ] && patches+=("$patch_dir"/gpu/*.patch)
+fix_sum="$( (cat "${patches[@]}"; echo "recipe $RECIPE") | sha256sum | cut -c1-12)"
 key="horovod${HOROVOD_VERSION}-${versions}-${gpu}-gcc${cxx}-fixes${fix_sum}"
 key_dir="$cache_root/$(printf '%s' "$key" | sha256sum | cut -c1-16)"
 if [ "${1:-}" = "--print-key" ]; then printf '%s\n%s\n' "$key" "$key_dir"; exit 0; fi
@@ -147,7 +159,7 @@ if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" = 1 ] || [ -z "$wheel" ]; then
     || { cat "$log" >&2; say "error: could not download the horovod==$HOROVOD_VERSION sdist from PyPI"; exit 1; }
   tar xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
   src="$work/horovod-$HOROVOD_VERSION"
-  for p in "$patch_dir"/*.patch; do
+  for p in "${patches[@]}"; do
     say "applying $(basename "$p")"
     patch --quiet -p1 -d "$src" < "$p"
   done

@@ -23,12 +23,15 @@ fi
 py="$VENV/bin/python"
 # Skip pip when these exact pins were already installed into this venv (pip's resolver alone takes ~30 s). The pins
 # are the stamp: every dependency pyproject.toml names is pinned in constraints.txt (tests/unit/test_packaging.py).
-stamp="$VENV/.hvdsync-deps-$( (cat constraints.txt; "$py" --version) | sha256sum | cut -c1-16)"
+# HVDSYNC_EXTRAS picks pyproject's extra: `all` (default, CPU TensorFlow) or `gpu` (the full tensorflow wheel, which
+# Horovod's NCCL build needs); a non-default choice enters the stamp, so switching it re-runs pip.
+extras="${HVDSYNC_EXTRAS:-all}"
+stamp="$VENV/.hvdsync-deps-$( (cat constraints.txt; "$py" --version; [ "$extras" = all ] || echo "$extras") | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   say "installing hvdsync and its pinned dependencies (first time: a few minutes)"
   # pip's own chatter is kept out of the way; errors still show.
   "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[all]"
+  "$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$extras]"
   rm -f "$VENV"/.hvdsync-deps-*; touch "$stamp"
 fi
 

@@ -58,9 +58,10 @@ def test_pip_settings_enter_the_builder_only_and_the_cert_as_a_secret(dockerfile
         env = " ".join(re.findall(r"^ENV (.*)$", stage, re.M))
         assert "PIP_CERT" not in env and "INDEX_URL" not in env and "FIND_LINKS" not in env, env
     assert "ARG PIP_" not in final
-    # Every RUN that calls pip (directly or through install.sh) mounts the cert secret and points PIP_CERT at it.
-    pip_runs = [r for r in re.findall(r"^RUN (.*)$", builder, re.M) if "pip " in r or "install.sh" in r]
-    assert len(pip_runs) >= 2
+    # Every RUN that installs with pip (directly or through install.sh) mounts the cert secret and points PIP_CERT at
+    # it; the final stage's `pip install --no-deps` of hvdsync itself reaches no index and gets no pip settings.
+    pip_runs = [r for r in re.findall(r"^RUN (.*)$", builder, re.M) if "pip install" in r or "install.sh" in r]
+    assert pip_runs
     for run in pip_runs:
         assert "--mount=type=secret,id=pip_cert" in run and "PIP_CERT=/run/secrets/pip_cert" in run, run
 
