@@ -36,5 +36,9 @@ if [ ! -f "$stamp" ]; then
 fi
 
 # Horovod: reuses the installed build or the cached wheel when the key matches; builds and checks otherwise.
-PYTHON="$py" bash scripts/build_horovod.sh
+# HVDSYNC_INSTALL_HOROVOD=0 leaves it to the caller (docker/Dockerfile.gpu runs it as a step of its own, so the GBs of
+# CUDA wheels above stay in a layer that a new Horovod build does not invalidate).
+if [ "${HVDSYNC_INSTALL_HOROVOD:-1}" != 0 ]; then
+  PYTHON="$py" bash scripts/build_horovod.sh
+fi
 say "ready: $VENV"

@@ -187,3 +187,100 @@ def test_cpu_build_stays_cpu_next_to_a_cuda_compiler():
     key = subprocess.run(["bash", "scripts/build_horovod.sh", "--print-key"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, env=env, check=True).stdout.split("\n")[0]
     assert "-cpu-" in key and "nccl" not in key
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_venv_layer_does_not_depend_on_hvdsyncs_code(dockerfile):
+    # The builder (dependencies, Horovod) sees pyproject.toml, constraints.txt and scripts/ only; the final stage
+    # copies the venv before anything that reads the build context, and installs hvdsync itself without
+    # dependencies last. So a code change re-runs only that last step, never the GB-sized venv layer.
+    stages = _stages(dockerfile)
+    builder = next(s for s in stages if " AS builder" in s.split("\n", 1)[0])
+    sources = [src for c in re.findall(r"^COPY (.*)$", builder, re.M) for src in c.split()[:-1]]
+    assert {"pyproject.toml", "constraints.txt"} <= set(sources), sources
+    assert all(src in ("pyproject.toml", "constraints.txt") or src.startswith("scripts/") for src in sources), sources
+    steps = re.findall(r"^(COPY|RUN) (.*)$", stages[-1], re.M)
+    reads_context = [i for i, (op, args) in enumerate(steps)
+                     if (op == "COPY" and "--from=" not in args) or "--mount=type=bind,target=" in args]
+    venv = next(i for i, (op, args) in enumerate(steps) if "--from=builder /opt/venv" in args)
+    assert reads_context and venv < min(reads_context), steps
+    install = steps[-1][1]
+    assert re.search(r"--mount=type=bind,target=(\S+),rw .*pip install .*--no-deps .*\1$", install), install
+
+
+def test_the_gpu_image_installs_the_full_tensorflow_wheel():
+    # tensorflow-cpu lacks the GPU kernels an NCCL build of Horovod links to: the GPU image takes the `gpu` extra.
+    import tomllib
+    text = (ROOT / "docker" / "Dockerfile.gpu").read_text()
+    assert re.search(r"HVDSYNC_EXTRAS=gpu (\S+ )*bash scripts/install.sh", text)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    gpu = " ".join(extras["gpu"])
+    assert "tensorflow-gpu" in gpu and "tensorflow," not in gpu and extras["tensorflow-gpu"][0].startswith("tensorflow>")
+
+
+def test_each_image_gets_only_the_horovod_wheels_it_can_use(tmp_path):
+    # The cache image is part of the dependency step's build cache: a wheel for the other image must not enter it.
+    for name, key in [("a", "horovod0.28.1-cp311-...-tf2.21.0-cpu-gcc12.2.0-fixes1"),
+                      ("b", "horovod0.28.1-cp311-...-tensorflow2.21.0-cuda13.0-nccl2.29.7-cc80,90-gcc12.2.0-fixes2"),
+                      ("c", None)]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+        if key:
+            (tmp_path / name / "KEY").write_text(key + "\n")
+    wheels = sorted(tmp_path.glob("*/*.whl"))
+    assert [w.parent.name for w in wheels if build._fits(w, "cpu")] == ["a", "c"]
+    assert [w.parent.name for w in wheels if build._fits(w, "gpu")] == ["b", "c"]
+
+
+def _fake_cuda(tmp_path, nccl=True):
+    """A CUDA toolkit and NCCL as build_horovod.sh sees them (nvcc's version and root, the headers) plus a torch that
+    says it is a CUDA 13.0 build: enough for the script to decide and print its key, nothing is compiled."""
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True, exist_ok=True)
+    (cuda / "include").mkdir(exist_ok=True)
+    (cuda / "include" / "cuda_runtime.h").write_text("")
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text('#!/bin/sh\ncase "$*" in *--version*) echo "Cuda compilation tools, release 13.0, V13.0.88";;\n'
+                    f'  *) echo "#$ TOP={cuda}" >&2;; esac\n')
+    nvcc.chmod(0o755)
+    torch = tmp_path / "site" / "torch"
+    torch.mkdir(parents=True, exist_ok=True)
+    (torch / "__init__.py").write_text("")
+    (torch / "version.py").write_text("cuda: Optional[str] = '13.0'\n")
+    env = {"PATH": f"{cuda / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path / "site")}
+    if nccl:
+        (tmp_path / "nccl" / "include").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "nccl" / "include" / "nccl.h").write_text(
+            "#define NCCL_MAJOR 2\n#define NCCL_MINOR 29\n#define NCCL_PATCH 7\n")
+        env["HOROVOD_NCCL_HOME"] = str(tmp_path / "nccl")
+    return env
+
+
+def test_nccl_build_without_nccl_names_it(tmp_path):
+    out = _gpu_build(tmp_path, **_fake_cuda(tmp_path, nccl=False))
+    assert out.returncode == 2 and "missing: NCCL" in out.stderr and "nvidia-nccl-cu13" in out.stderr, out.stderr
+
+
+def test_gpu_only_patches_enter_the_key_of_nccl_builds_only(tmp_path):
+    # A copy of scripts/ to add patches to; the keys are printed, nothing is built.
+    scripts = tmp_path / "scripts"
+    shutil.copytree(ROOT / "scripts", scripts)
+
+    def keys():
+        env = {**os.environ, "PYTHON": sys.executable, "HVDSYNC_CACHE": str(tmp_path)}
+        cpu = subprocess.run(["bash", str(scripts / "build_horovod.sh"), "--print-key"], capture_output=True,
+                             text=True, timeout=60, env={**env, "HVDSYNC_HOROVOD_GPU": "cpu"}, check=True)
+        nccl = subprocess.run(["bash", str(scripts / "build_horovod.sh"), "--print-key"], capture_output=True,
+                              text=True, timeout=60, env={**env, "HVDSYNC_HOROVOD_GPU": "nccl", **_fake_cuda(tmp_path)},
+                              check=True)
+        return cpu.stdout.split("\n")[0], nccl.stdout.split("\n")[0]
+
+    cpu, nccl = keys()
+    assert "-cpu-" in cpu and "-cuda13.0-nccl2.29.7-cc80,90-" in nccl, (cpu, nccl)
+    assert "-tf2.21.0-" in cpu                       # tensorflow-cpu: the short name existing caches are keyed by
+    (scripts / "horovod-patches" / "gpu" / "0199-probe.patch").write_text("a GPU-only change\n")
+    cpu2, nccl2 = keys()
+    assert cpu2 == cpu and nccl2 != nccl
+    (scripts / "horovod-patches" / "0099-probe.patch").write_text("a change for every build\n")
+    cpu3, nccl3 = keys()
+    assert cpu3 != cpu and nccl3 != nccl2
