@@ -80,3 +80,12 @@ def test_gpu_image_builds_horovod_with_nccl(gpu_image):
                     "and __import__('os').path.exists(list(u.find_spec('nvidia.cu13').submodule_search_locations)[0]"
                     " + '/bin/nvcc')))", timeout=600)
     assert probe.stdout.split() == ["13.0", "True", "False"], probe.stdout + probe.stderr
+
+
+def test_gpu_image_runs_both_frameworks_without_a_gpu(gpu_image):
+    # No GPU here: the NCCL build still trains on CPU tensors over Gloo, TensorFlow included (its full wheel,
+    # which Horovod's NCCL-built TensorFlow extension links to), with the accuracy and equal parameters checked.
+    out = _docker("run", "--rm", gpu_image, "hvdsync-smoke-test", "NCCL", timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "check-build lists: PyTorch TensorFlow Gloo NCCL" in out.stdout and "PASS" in out.stdout, out.stdout
+    print(f"\n{out.stdout.strip().splitlines()[-1]}")
