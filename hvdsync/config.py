@@ -23,6 +23,7 @@ from hvdsync.core.codecs import get_codec
 from hvdsync.core.scaling import GROWTH_LR_RULES
 from hvdsync.core.schemes import MODES
 from hvdsync.core.shares import SHARE_RULES, parse_growth
+from hvdsync.core.sparse import MODES as SPARSE_MODES
 
 FRAMEWORKS = ("torch", "tensorflow")
 REDUCE_OPS = ("average", "sum", "adasum")
@@ -113,6 +114,10 @@ class SyncConfig:
         period: ``gossip`` and ``local_sgd``: average every ``period`` optimizer steps (1 = every step).
         warmup_steps: ``local_sgd`` only: all-reduce the gradients for the first ``warmup_steps`` steps, then go
             local (post-local SGD); 0 = local from the start.
+        sparse: how sparse gradients (embedding tables: torch ``nn.Embedding(sparse=True)``, TensorFlow
+            ``IndexedSlices``) are combined (:mod:`hvdsync.core.sparse`): ``dense`` (default; densify and all-reduce,
+            Horovod's ``sparse_as_dense``: works with every codec and mode) or ``allgather`` (only the touched rows
+            and their indices travel; with ``compression`` none or fp16 and ``mode`` allreduce).
     """
 
     compression: str = "none"
@@ -131,6 +136,7 @@ class SyncConfig:
     ps_servers: int = 0
     period: int = 1
     warmup_steps: int = 0
+    sparse: str = "dense"
 
     def __post_init__(self) -> None:
         _choice("sync.mode", self.mode, tuple(MODES))
@@ -147,9 +153,26 @@ class SyncConfig:
         if self.op == "adasum" and not codec.cast:
             # Adasum combines whole gradients pairwise; sparse or low-rank pieces have no Adasum.
             _fail("sync.compression", self.compression, "with sync.op adasum choose one of: none, fp16, bf16")
+        self._check_sparse(codec)
         _number("sync.fusion_threshold_mb", self.fusion_threshold_mb, 0.0)
         _number("sync.cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
         _int("sync.cache_capacity", self.cache_capacity, 0)
+
+    def _check_sparse(self, codec) -> None:
+        _choice("sync.sparse", self.sparse, SPARSE_MODES)
+        if self.sparse != "allgather":
+            return
+        # Gathered rows are added, not reduced by a codec: a codec that reshapes gradients (top-k, PowerSGD, ...)
+        # or Adasum's pairwise combination has nothing to work on, and the other sync modes reduce no gradients
+        # through the all-reduce path. Densifying works with all of them.
+        if not codec.cast:
+            _fail("sync.sparse", self.sparse, f"with sync.compression {self.compression!r} choose dense (the codec "
+                  "then compresses the densified gradient), or use allgather with compression none or fp16")
+        if self.op == "adasum":
+            _fail("sync.sparse", self.sparse, "with sync.op adasum choose dense (Adasum has no sparse form)")
+        if self.mode != "allreduce":
+            _fail("sync.sparse", self.sparse, f"with sync.mode {self.mode!r} choose dense (allgather is for "
+                  "gradients all-reduced by sync.mode allreduce)")
 
     def horovod_env(self) -> dict[str, str]:
         """The Horovod environment variables these knobs stand for (read by workers at ``hvd.init()``)."""

@@ -18,3 +18,16 @@ def global_moments(total: Any, maximum: Callable[[Any, Any], Any]) -> tuple[Any,
     # Var[x] = E[x^2] - E[x]^2 (what a single reduction round allows); clipped at 0 against rounding.
     variance = maximum(total[1] / count - mean * mean, 0.0)
     return mean, variance
+
+
+def whole_batches(data, world: int, batch_sizes) -> Any:
+    """``data`` (a :class:`~hvdsync.core.data.Dataset`) with its training set cut to a multiple of every global
+    batch ``world * b``: no rank then gets a one-sample last batch, which local batch norm cannot normalise (PyTorch
+    refuses it in training; a variance of one sample is 0)."""
+    import dataclasses
+
+    import numpy as np
+
+    step = world * int(np.lcm.reduce([int(b) for b in batch_sizes]))
+    keep = len(data.x_train) - len(data.x_train) % step
+    return dataclasses.replace(data, x_train=data.x_train[:keep], y_train=data.y_train[:keep])

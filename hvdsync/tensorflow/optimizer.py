@@ -19,6 +19,7 @@ import tensorflow as tf
 from hvdsync.core.codecs import WireCounter
 from hvdsync.core.runtime import REDUCE_OP_NAMES
 from hvdsync.tensorflow.compression import make_reducer
+from hvdsync.tensorflow.sparse import add_slices, allgather_rows
 
 
 def allreduce_gradients(grads: Sequence[tf.Tensor], reducer) -> list[tf.Tensor]:
@@ -30,7 +31,7 @@ def allreduce_gradients(grads: Sequence[tf.Tensor], reducer) -> list[tf.Tensor]:
     return reducer.reduce(list(grads))
 
 
-def _sync_settings(sync=None, compression=None, accumulate=None, op=None):
+def _sync_settings(sync=None, compression=None, accumulate=None, op=None, sparse=None):
     """A validated :class:`~hvdsync.config.SyncConfig`: ``sync`` (default: hvdsync's defaults) with the keyword
     arguments that were given (so bad values fail with the config's field-named message). Horovod's own constants
     are accepted too: ``op=hvd.Average``, ``compression=hvd.Compression.fp16``."""
@@ -40,7 +41,8 @@ def _sync_settings(sync=None, compression=None, accumulate=None, op=None):
         op = next((name for name, attr in REDUCE_OP_NAMES.items() if getattr(hvd, attr, None) == op), op)
     if compression is not None and not isinstance(compression, str):
         compression = {hvd.Compression.none: "none", hvd.Compression.fp16: "fp16"}.get(compression, compression)
-    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op)) if v is not None}
+    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op),
+                               ("sparse", sparse)) if v is not None}
     return dataclasses.replace(sync if sync is not None else SyncConfig(), **given)
 
 
@@ -68,10 +70,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, compression: str = "none", accumulate: int = 1,
                  op: str = "average", average_accumulated: bool = True, counter: WireCounter | None = None,
-                 seed: int = 0, error_feedback: bool = True, name: str | None = None) -> None:
+                 seed: int = 0, error_feedback: bool = True, name: str | None = None, sparse: str = "dense") -> None:
         from hvdsync.config import SyncConfig
 
-        sync = _sync_settings(SyncConfig(error_feedback=error_feedback), compression, accumulate, op)
+        sync = _sync_settings(SyncConfig(error_feedback=error_feedback), compression, accumulate, op, sparse)
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
         self.sync, self.seed = sync, seed
@@ -79,6 +81,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.average_accumulated = bool(average_accumulated)
         self._counter = counter if counter is not None else WireCounter()
         self.reducer = None  # made in build(): a codec with state needs the gradients' shapes
+        # Positions whose gradients came as IndexedSlices under sync.sparse allgather; seen when accumulate() is
+        # traced, which is before synchronize() is (and alike on every rank: the same model, the same graph).
+        self._sparse_at: set[int] = set()
 
     # ---- Keras' optimizer protocol ---------------------------------------------------------------------------
     def build(self, var_list) -> None:
@@ -146,7 +151,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "compression": self.sync.compression, "accumulate": self.sync.accumulate, "op": self.sync.op,
                 "average_accumulated": self.average_accumulated, "seed": self.seed,
-                "error_feedback": self.sync.error_feedback}
+                "error_feedback": self.sync.error_feedback, "sparse": self.sync.sparse}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects=None) -> "DistributedOptimizer":
@@ -177,7 +182,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         every rank hands Horovod the same list of tensors."""
         for i, g in zip(self._variable_index(trainable_variables), grads):
             if g is not None:
-                if isinstance(g, tf.IndexedSlices):  # embeddings: Horovod's sparse_as_dense
+                if isinstance(g, tf.IndexedSlices) and self.sync.sparse == "allgather":
+                    self._sparse_at.add(i)
+                    add_slices(self._grad_sums[i], g)  # its rows only; synchronize() sends the rows it holds
+                    continue
+                if isinstance(g, tf.IndexedSlices):  # embeddings under sync.sparse dense: Horovod's sparse_as_dense
                     g = tf.convert_to_tensor(g)
                 self._grad_sums[i].assign_add(tf.cast(g, self._grad_sums[i].dtype))
         self._passes.assign_add(1)
@@ -185,7 +194,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def synchronize(self) -> None:
         """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
         sums = [tf.identity(s.value, name=f"hvdsync_grad_{i}") for i, s in enumerate(self._grad_sums)]
-        reduced = allreduce_gradients(sums, self.reducer)
+        dense_at = [i for i in range(len(sums)) if i not in self._sparse_at]
+        reduced = dict(zip(dense_at, allreduce_gradients([sums[i] for i in dense_at], self.reducer) if dense_at else []))
+        for i in sorted(self._sparse_at):  # sync.sparse allgather (a cast codec: the config allows no other)
+            reduced[i] = allgather_rows(sums[i], f"hvdsync_sparse_{i}", self.sync.op == "average",
+                                        self.reducer.compression, self._counter)
+        reduced = [reduced[i] for i in range(len(sums))]
         # Keras' mean-loss convention: the k passes of one update are averaged, like one batch k times as large.
         factor = 1.0 / self.accumulate_steps if self.average_accumulated and self.accumulate_steps > 1 else None
         for total, r in zip(self._grad_sums, reduced):
@@ -200,7 +214,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None = None, sync=None, *,
                           compression: str | None = None, accumulate: int | None = None, op=None,
-                          counter: WireCounter | None = None, seed: int = 0,
+                          sparse: str | None = None, counter: WireCounter | None = None, seed: int = 0,
                           average_accumulated: bool = True) -> DistributedOptimizer:
     """Wrap a Keras 3 optimizer so that gradients are all-reduced by Horovod (Horovod's ``DistributedOptimizer``).
 
@@ -213,6 +227,8 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
             arguments below override its fields. Default: hvdsync's defaults.
         compression: codec on the wire (``"none"``, ``"fp16"``, ``"topk:0.01"``, ...: :mod:`hvdsync.core.codecs`;
             Horovod's ``hvd.Compression.fp16`` is accepted too).
+        sparse: ``IndexedSlices`` gradients (embeddings): ``"dense"`` (Horovod's ``sparse_as_dense``) or
+            ``"allgather"`` (the touched rows only; :mod:`hvdsync.tensorflow.sparse`).
         accumulate: backward passes per all-reduce and update (Horovod's ``backward_passes_per_step``).
         op: ``"average"`` (default), ``"sum"``, ``"adasum"``, or Horovod's ``hvd.Average``/``hvd.Sum``/``hvd.Adasum``.
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
@@ -225,7 +241,7 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         ...               loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
         >>> model.fit(dataset, callbacks=[BroadcastGlobalVariablesCallback(0)])                    # doctest: +SKIP
     """
-    s = _sync_settings(sync, compression, accumulate, op)
+    s = _sync_settings(sync, compression, accumulate, op, sparse)
     if s.mode != "allreduce":  # local SGD (hvdsync.tensorflow.schemes): the same optimizer, other phases
         from hvdsync.tensorflow.schemes import scheme_optimizer
 
@@ -234,7 +250,7 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
             wrapped.build(model.trainable_variables)
         return wrapped
     wrapped = DistributedOptimizer(optimizer, s.compression, s.accumulate, s.op, average_accumulated, counter, seed,
-                                   s.error_feedback)
+                                   s.error_feedback, sparse=s.sparse)
     if model is not None:
         wrapped.build(model.trainable_variables)
     return wrapped

@@ -106,7 +106,7 @@ class LocalSGDOptimizer(DistributedOptimizer):
 
     def get_config(self) -> dict:
         config = super().get_config()
-        for key in ("compression", "op", "seed", "error_feedback"):
+        for key in ("compression", "op", "seed", "error_feedback", "sparse"):
             config.pop(key)
         return {**config, "period": self.period, "warmup_steps": self.warmup_steps}
 

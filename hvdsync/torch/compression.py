@@ -21,6 +21,7 @@ import torch
 
 from hvdsync.core.codecs import (Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, mix_seed,
                                  reduce_all)
+from hvdsync.torch.sparse import densify
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
            "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64}
@@ -244,7 +245,9 @@ class CodecOptimizer(SkipSynchronize):
     def synchronize(self) -> None:
         """Combine every parameter's ``.grad`` across ranks (a parameter without one contributes zeros: every rank
         must hand over the same list)."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        # Sparse gradients (nn.Embedding(sparse=True)) are densified: the codecs work on dense tensors (the config
+        # allows only sync.sparse dense with these codecs).
+        grads = [densify(p.grad) if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
         scale = float(self.loss_scale()) if self.loss_scale is not None else None
         if scale is not None:
             # Under loss scaling a step may overflow. Then the codec must not run (its residuals and Q would take
@@ -259,7 +262,7 @@ class CodecOptimizer(SkipSynchronize):
         if scale is not None:
             reduced = [g * scale for g in reduced]
         for p, g in zip(self.parameters, reduced):
-            if p.grad is None:
+            if p.grad is None or p.grad.is_sparse:
                 p.grad = g
             else:
                 p.grad.copy_(g)

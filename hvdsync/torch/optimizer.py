@@ -7,22 +7,25 @@ import torch
 from hvdsync.core.codecs import WireCounter, get_codec
 from hvdsync.core.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
+from hvdsync.torch.sparse import use_sparse_allgather
 
 
-def _sync_config(sync, compression: str | None, accumulate: int | None, op: str | None):
+def _sync_config(sync, compression: str | None, accumulate: int | None, op: str | None, sparse: str | None = None):
     """A :class:`~hvdsync.config.SyncConfig` from ``sync`` with the keyword arguments that were given winning;
     validated like a config (a bad value fails with the field's name)."""
     import dataclasses
 
     from hvdsync.config import SyncConfig  # here: hvdsync.config imports the core, not the adapters
 
-    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op)) if v is not None}
+    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op),
+                                               ("sparse", sparse)) if v is not None}
     return SyncConfig(**{**dataclasses.asdict(sync if sync is not None else SyncConfig()), **given})
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None, sync=None, *,
                           compression: str | None = None, accumulate: int | None = None, op: str | None = None,
-                          counter: WireCounter | None = None, seed: int = 0) -> torch.optim.Optimizer:
+                          sparse: str | None = None, counter: WireCounter | None = None,
+                          seed: int = 0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are all-reduced by Horovod (like ``hvd.DistributedOptimizer``).
 
     Args:
@@ -34,6 +37,8 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         accumulate: backward passes per all-reduce (Horovod's ``backward_passes_per_step``: gradients are summed
             locally and all-reduced once per ``accumulate`` passes).
         op: ``average``, ``sum`` or ``adasum``.
+        sparse: sparse gradients (``nn.Embedding(sparse=True)``): ``dense`` (Horovod's ``sparse_as_dense``) or
+            ``allgather`` (the touched rows only; :mod:`hvdsync.torch.sparse`).
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
@@ -44,7 +49,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         >>> opt = distributed_optimizer(torch.optim.SGD(model.parameters(), 0.1), model,   # doctest: +SKIP
         ...                             compression="fp16", accumulate=4)
     """
-    sync = _sync_config(sync, compression, accumulate, op)
+    sync = _sync_config(sync, compression, accumulate, op, sparse)
     needs_model = getattr(sync, "mode", "allreduce") != "allreduce" or not get_codec(sync.compression).cast
     if model is None and needs_model:
         raise ValueError(f"model: distributed_optimizer(compression={sync.compression!r}, "
@@ -58,13 +63,18 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     if not get_codec(sync.compression).cast:
         return CodecOptimizer(optimizer, model.named_parameters(), sync, counter, seed)
     # ---- end of the codec dispatch
-    return hvd.DistributedOptimizer(
+    compressor = CodecCompressor(sync.compression, counter)
+    wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=list(model.named_parameters()) if model is not None else None,
-        compression=CodecCompressor(sync.compression, counter),
+        compression=compressor,
         backward_passes_per_step=sync.accumulate,
         op=getattr(hvd, REDUCE_OP_NAMES[sync.op]),
+        sparse_as_dense=sync.sparse == "dense",
     )
+    if sync.sparse == "allgather":
+        use_sparse_allgather(wrapped, compressor.counter)
+    return wrapped
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> None:
