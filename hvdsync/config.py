@@ -101,6 +101,11 @@ class SyncConfig:
             :mod:`hvdsync.core.codecs`).
         error_feedback: codecs that drop information (top-k, rand-k, int8, PowerSGD) keep what they did not send
             and add it to the next gradient; ``false`` drops it (to see what error feedback buys).
+        momentum_correction: with ``topk``/``randk`` and error feedback, SGD's momentum moves from the optimizer into
+            the codec (deep gradient compression's momentum correction and masking; :mod:`hvdsync.core.codecs.sparse`):
+            the residual then holds velocity, not gradient, and delayed values are not amplified by the momentum a
+            second time. The optimizer's ``momentum`` (and, in PyTorch, its coupled ``weight_decay``) are set to 0
+            and applied by the codec. No effect with other codecs or without momentum.
         accumulate: backward passes per optimizer step; gradients are all-reduced once per ``accumulate`` passes.
         op: how Horovod combines gradients: ``average`` (default), ``sum`` or ``adasum``.
         fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
@@ -122,6 +127,7 @@ class SyncConfig:
 
     compression: str = "none"
     error_feedback: bool = True
+    momentum_correction: bool = True
     accumulate: int = 1
     op: str = "average"
     # Measured with benchmarks/knobs.py on 2 local Gloo workers (benchmarks/README.md, "Choosing the defaults"):
@@ -148,6 +154,7 @@ class SyncConfig:
         except ValueError as exc:
             raise ConfigError(f"sync.compression: {exc}") from None
         _bool("sync.error_feedback", self.error_feedback)
+        _bool("sync.momentum_correction", self.momentum_correction)
         _int("sync.accumulate", self.accumulate, 1)
         _choice("sync.op", self.op, REDUCE_OPS)
         if self.op == "adasum" and not codec.cast:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import horovod.tensorflow as hvd
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -210,10 +211,27 @@ class CodecReducer:
         return results
 
 
-def make_reducer(sync, shapes: Sequence[tuple[int, ...]], counter: WireCounter | None = None, seed: int = 0):
+def take_sgd_momentum(optimizer, codec: Codec) -> bool:
+    """Move ``keras.optimizers.SGD``'s momentum into ``codec`` (``sync.momentum_correction``; DGC): the optimizer
+    keeps stepping, without momentum (Keras reads ``momentum`` when it traces its update). Keras' weight decay is
+    decoupled (applied to the weights, not added to the gradient), so it stays in the optimizer. Looks through a
+    ``LossScaleOptimizer``. Returns whether the momentum moved."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if not isinstance(inner, keras.optimizers.SGD) or not inner.momentum:
+        return False
+    codec.correct_momentum(inner.momentum, inner.nesterov)
+    inner.momentum, inner.nesterov = 0.0, False
+    return True
+
+
+def make_reducer(sync, shapes: Sequence[tuple[int, ...]], counter: WireCounter | None = None, seed: int = 0,
+                 optimizer=None):
     """The reducer ``sync.compression`` asks for: a :class:`CastReducer` or a :class:`CodecReducer`; both have
-    ``reduce(grads)``, ``counter`` and ``state`` (``None`` or a :class:`~hvdsync.core.codecs.CodecState`)."""
+    ``reduce(grads)``, ``counter`` and ``state`` (``None`` or a :class:`~hvdsync.core.codecs.CodecState`).
+    ``optimizer``: the local Keras optimizer, whose SGD momentum the codec takes under ``sync.momentum_correction``."""
     codec = get_codec(sync.compression)
+    if optimizer is not None and sync.momentum_correction and codec.takes_momentum(sync.error_feedback):
+        take_sgd_momentum(optimizer, codec)
     if codec.cast:
         return CastReducer(codec, sync, counter)
     return CodecReducer(codec, shapes, sync, counter, seed)

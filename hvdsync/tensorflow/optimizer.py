@@ -70,10 +70,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, compression: str = "none", accumulate: int = 1,
                  op: str = "average", average_accumulated: bool = True, counter: WireCounter | None = None,
-                 seed: int = 0, error_feedback: bool = True, name: str | None = None, sparse: str = "dense") -> None:
+                 seed: int = 0, error_feedback: bool = True, name: str | None = None, sparse: str = "dense",
+                 momentum_correction: bool = True) -> None:
         from hvdsync.config import SyncConfig
 
-        sync = _sync_settings(SyncConfig(error_feedback=error_feedback), compression, accumulate, op, sparse)
+        sync = _sync_settings(SyncConfig(error_feedback=error_feedback, momentum_correction=momentum_correction),
+                              compression, accumulate, op, sparse)
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
         self.sync, self.seed = sync, seed
@@ -91,7 +93,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # checkpoints and tf.function (which may only create variables on its first trace) all see them.
         var_list = list(var_list)
         # The codec's state (residuals, ...) is made here, eagerly, like the sums.
-        self.reducer = make_reducer(self.sync, [tuple(v.shape) for v in var_list], self._counter, self.seed)
+        self.reducer = make_reducer(self.sync, [tuple(v.shape) for v in var_list], self._counter, self.seed,
+                                    self.inner_optimizer)
         # Named by position, not after the model's variables: Keras numbers layers per process ("dense_7"), so a
         # rank that built another model (an evaluation copy) names them differently, and Horovod pairs the ranks'
         # all-reduces by the names of the tensors handed to it: different names would wait for each other forever.
@@ -151,7 +154,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "compression": self.sync.compression, "accumulate": self.sync.accumulate, "op": self.sync.op,
                 "average_accumulated": self.average_accumulated, "seed": self.seed,
-                "error_feedback": self.sync.error_feedback, "sparse": self.sync.sparse}
+                "error_feedback": self.sync.error_feedback, "sparse": self.sync.sparse,
+                "momentum_correction": self.sync.momentum_correction}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects=None) -> "DistributedOptimizer":
@@ -250,7 +254,7 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
             wrapped.build(model.trainable_variables)
         return wrapped
     wrapped = DistributedOptimizer(optimizer, s.compression, s.accumulate, s.op, average_accumulated, counter, seed,
-                                   s.error_feedback, sparse=s.sparse)
+                                   s.error_feedback, sparse=s.sparse, momentum_correction=s.momentum_correction)
     if model is not None:
         wrapped.build(model.trainable_variables)
     return wrapped

@@ -188,6 +188,29 @@ class CodecReducer:
         return results
 
 
+def take_sgd_momentum(optimizer: torch.optim.Optimizer, codec: Codec, parameters: Sequence) -> list[float] | None:
+    """Move ``torch.optim.SGD``'s momentum (and its coupled weight decay, which SGD adds before the momentum) into
+    ``codec`` (``sync.momentum_correction``); the optimizer keeps stepping, without them. Returns each parameter's
+    weight decay, or ``None`` (nothing moved: not SGD, or no momentum).
+
+    Raises ``ValueError`` naming ``sync.momentum_correction`` where it cannot be right: parameter groups with
+    different momentum, or dampening (the codec's velocity has one momentum, undamped, as DGC's).
+    """
+    if not isinstance(optimizer, torch.optim.SGD) or not any(g["momentum"] for g in optimizer.param_groups):
+        return None
+    kinds = {(g["momentum"], g["dampening"], g["nesterov"]) for g in optimizer.param_groups}
+    if len(kinds) > 1 or next(iter(kinds))[1]:
+        raise ValueError(f"sync.momentum_correction: true is not allowed with this optimizer's parameter groups "
+                         f"(momentum, dampening, nesterov) = {sorted(kinds)}; it needs one momentum and no "
+                         "dampening; or set sync.momentum_correction: false")
+    momentum, _, nesterov = next(iter(kinds))
+    codec.correct_momentum(momentum, nesterov)
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    for g in optimizer.param_groups:
+        g.update(momentum=0.0, nesterov=False, weight_decay=0.0)
+    return [decay.get(id(p), 0.0) for p in parameters]
+
+
 class SkipSynchronize:
     """Horovod's ``skip_synchronize()`` for hvdsync's own optimizers: ``step()`` inside the block does not
     synchronize, because the caller already did (e.g. to unscale or clip the reduced gradients in between)."""
@@ -223,8 +246,11 @@ class CodecOptimizer(SkipSynchronize):
         # Sorted by name: every rank lists the same parameters in the same order, whatever order the user passed.
         self.parameters = [p for _, p in sorted(named_parameters, key=lambda kv: kv[0]) if p.requires_grad]
         device = self.parameters[0].device if self.parameters else "cpu"
-        self.reducer = CodecReducer(sync.compression, [tuple(p.shape) for p in self.parameters], sync, counter, seed,
-                                    device)
+        codec = get_codec(sync.compression)
+        # Momentum correction (DGC): the codec accumulates SGD's velocity; the optimizer then steps without momentum.
+        self._decay = (take_sgd_momentum(optimizer, codec, self.parameters)
+                       if sync.momentum_correction and codec.takes_momentum(sync.error_feedback) else None)
+        self.reducer = CodecReducer(codec, [tuple(p.shape) for p in self.parameters], sync, counter, seed, device)
         self.counter = self.reducer.counter
         # Set by hvdsync.torch.precision.MixedPrecision under fp16: a callable returning the current loss scale.
         self.loss_scale = None
@@ -258,6 +284,9 @@ class CodecOptimizer(SkipSynchronize):
                 return
             # The codec works on the real gradient, so residuals keep their meaning when the scale changes.
             grads = [g / scale for g in grads]
+        if self._decay is not None:
+            # SGD's coupled weight decay joins the gradient before the momentum, as in SGD itself (now in the codec).
+            grads = [g + p.detach() * wd if wd else g for g, p, wd in zip(grads, self.parameters, self._decay)]
         reduced = self.reducer.reduce(grads)
         if scale is not None:
             reduced = [g * scale for g in reduced]

@@ -12,7 +12,17 @@ from hvdsync.core.codecs import CodecState, WireCounter, get_codec
 from hvdsync.core.codecs.numpy_ops import NumpyOps, simulate
 
 SHAPES = [(32, 24), (24,), (5, 3, 4), (10,)]
-SPECS = ["fp16", "bf16", "topk:0.1", "randk:0.1", "int8", "powersgd:2"]
+# "<spec> momentum|nesterov <m>": the sparsifier with SGD's momentum moved into it (momentum correction).
+SPECS = ["fp16", "bf16", "topk:0.1", "randk:0.1", "int8", "powersgd:2", "topk:0.1 nesterov 0.9",
+         "randk:0.1 momentum 0.9"]
+
+
+def _codec(spec):
+    name, *momentum = spec.split()
+    codec = get_codec(name)
+    if momentum:
+        codec.correct_momentum(float(momentum[1]), momentum[0] == "nesterov")
+    return codec
 
 
 def _torch_ops():
@@ -47,7 +57,7 @@ def ops(request):
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_framework_kernels_equal_the_core_maths(ops, spec):
-    codec = get_codec(spec)
+    codec = _codec(spec)
     rng = np.random.default_rng(0)
     reference = NumpyOps()
     states = {name: [CodecState(codec, SHAPES, o, seed=5) for _ in range(2)]
@@ -69,7 +79,7 @@ def test_framework_kernels_equal_the_core_maths(ops, spec):
             for w, g in zip(want[r], got[r]):
                 np.testing.assert_allclose(ops.to_numpy(g), w, rtol=1e-4, atol=1e-5)
             sw, sg = states["numpy"][r].state_dict(), states["framework"][r].state_dict()
-            assert sw.keys() == sg.keys() and sw["codec"] == sg["codec"] == spec
+            assert sw.keys() == sg.keys() and sw["codec"] == sg["codec"] == codec.spec
             for name in set(sw) - {"codec"}:
                 np.testing.assert_allclose(sg[name], sw[name], rtol=1e-4, atol=1e-5, err_msg=name)
         assert counters["numpy"].snapshot() == counters["framework"].snapshot()

@@ -136,6 +136,14 @@ class Codec:
         raise NotImplementedError
         yield  # pragma: no cover
 
+    def takes_momentum(self, error_feedback: bool) -> bool:
+        """Whether this codec accumulates SGD's momentum itself (``sync.momentum_correction``; DGC's momentum
+        correction for the sparsifiers, :mod:`hvdsync.core.codecs.sparse`); then :meth:`correct_momentum` gets it."""
+        return False
+
+    def correct_momentum(self, momentum: float, nesterov: bool = False) -> None:
+        raise NotImplementedError(f"{self.spec} does not take the optimizer's momentum")
+
     def wire_bytes(self, shape: tuple[int, ...], itemsize: int) -> int:
         """Bytes one rank hands to Horovod for one gradient of ``shape`` per reduction (values and indices)."""
         numel = int(np.prod(shape))
