@@ -165,6 +165,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # ---- the phases ------------------------------------------------------------------------------------------
     @property
+    def gradient_sums(self) -> list:
+        """The gradient variables: this rank's sums between passes, the reduced gradients after :meth:`synchronize`
+        (until :meth:`step` clears them)."""
+        return list(self._grad_sums)
+
+    @property
     def counter(self) -> WireCounter:
         """What was handed to Horovod (tensors, bytes, dtypes), counted at run time, also inside graphs."""
         return self._counter

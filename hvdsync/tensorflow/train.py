@@ -57,7 +57,8 @@ class TensorFlowBackend:
         spec = [tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec((None,), tf.int64),
                 tf.TensorSpec((), tf.float32)]
         self._backward = tf.function(self._backward_pass, input_signature=spec)
-        self._synchronize = tf.function(self.optimizer.synchronize)
+        self._synchronize = tf.function(self._synchronize_and_norm)
+        self._grad_norm = None  # the last step's reduced gradient norm, a tensor (read only when asked)
         self._update = tf.function(self.optimizer.step)
 
     @property
@@ -81,6 +82,12 @@ class TensorFlowBackend:
         self.optimizer.accumulate(tape.gradient(scaled, self.model.trainable_variables))
         return loss
 
+    def _synchronize_and_norm(self) -> tf.Tensor:
+        self.optimizer.synchronize()
+        # The reduced gradients sit in the optimizer's sums until step() clears them: their norm now, in the same
+        # graph (one pass over the gradients), for the monitor's grad_norm as in PyTorch.
+        return tf.linalg.global_norm([tf.cast(s, tf.float32) for s in self.optimizer.gradient_sums])
+
     def train_step(self, micro, scale: float) -> float:
         total = 0.0
         scale = tf.constant(scale, tf.float32)
@@ -91,7 +98,7 @@ class TensorFlowBackend:
                 total += float(self._backward(x, y, scale))
         with self.timer.phase("sync_wait"):
             # One all-reduce for the `accumulate` passes above; every rank runs as many passes, so none waits forever.
-            self._synchronize()
+            self._grad_norm = self._synchronize()
         with self.timer.phase("update"):
             self._update()
         return total
@@ -117,6 +124,10 @@ class TensorFlowBackend:
 
     def parameters(self) -> list[np.ndarray]:
         return [np.asarray(v.numpy()) for v in self.model.trainable_variables]
+
+    def grad_norm(self) -> float:
+        """L2 norm of the last step's (all-reduced) gradient, for the monitor (``monitor/grad_norm``)."""
+        return float(self._grad_norm) if self._grad_norm is not None else 0.0
 
 
 def build(cfg, data: datasets.Dataset, broadcast: bool = True, model: keras.Model | None = None,

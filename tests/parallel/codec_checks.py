@@ -74,7 +74,8 @@ def accumulate_checks(framework: str, compressions=("topk:0.01", "powersgd:2"), 
             params[accumulate] = backend.parameters()
             saved = codec_state_of(backend.optimizer).state_dict()
             counts[accumulate] = {"codec_steps": int(saved["0.step"]) if "0.step" in saved else None,
-                                  "reductions": backend.wire.snapshot()["tensors"] / backend.grad_tensors}
+                                  "reductions": backend.wire.snapshot()["tensors"] / backend.grad_tensors,
+                                  "grad_norm": backend.grad_norm()}
         out[spec] = {"max_param_diff": float(max(np.abs(a - b).max() for a, b in zip(params[1], params[2]))),
                      "max_param": float(max(np.abs(a).max() for a in params[1])), "steps": steps, **counts[2]}
     return out

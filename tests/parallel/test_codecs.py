@@ -94,6 +94,8 @@ def test_accumulation_runs_the_codec_once_per_allreduce_on_the_summed_gradients(
     assert r["reductions"] == r["steps"]
     if spec == "topk:0.01":
         assert r["codec_steps"] == r["steps"]
+    # The monitor's gradient norm (both frameworks): the reduced gradient's, so the same on both ranks.
+    assert r["grad_norm"] > 0 and r["grad_norm"] == checks["rank1"]["accumulate"][spec]["grad_norm"]
 
 
 @pytest.mark.parametrize("spec", ["none", "topk:0.01"])

@@ -93,3 +93,13 @@ def test_keras_sgd_hands_its_momentum_to_the_codec_also_under_loss_scaling():
     assert take_sgd_momentum(keras.optimizers.LossScaleOptimizer(sgd), codec)
     assert codec.momentum == pytest.approx(0.9) and sgd.momentum == 0
     assert not take_sgd_momentum(keras.optimizers.Adam(0.1), get_codec("topk:0.01"))
+
+
+def test_powersgd_views_a_convolution_alike_in_either_framework_layout():
+    from hvdsync.core.codecs.powersgd import matrix_shape
+
+    assert matrix_shape((64, 32, 3, 3)) == (64, 288)        # PyTorch (out, in, kh, kw): out x (in kh kw)
+    assert matrix_shape((3, 3, 32, 64)) == (288, 64)        # Keras (kh, kw, in, out): the same matrix, transposed
+    assert matrix_shape((64, 10)) == (64, 10) and matrix_shape((10,)) == (10, 1)
+    codec = get_codec("powersgd:2")
+    assert codec.wire_bytes((64, 32, 3, 3), 4) == codec.wire_bytes((3, 3, 32, 64), 4) == 2 * (64 + 288) * 4

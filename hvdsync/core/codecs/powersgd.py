@@ -1,6 +1,7 @@
 """``powersgd:<rank>``: low-rank gradients with error feedback (Vogels et al. 2019, "PowerSGD").
 
-A gradient of shape (n, ...) is viewed as an n x m matrix M (plus this rank's residual). One step of power
+A gradient of shape (n, ...) is viewed as an n x m matrix M (:func:`matrix_shape`: the split of its dimensions
+closest to square, so that PyTorch's and Keras' layouts of a convolution give the same matrix) (plus this rank's residual). One step of power
 iteration, warm-started from the previous step's Q (m x r), approximates the *average* M by a rank-r product::
 
     P = M Q;   P <- allreduce(P);   P <- orthonormal columns of P
@@ -20,8 +21,21 @@ EPS = 1e-8
 
 
 def matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
-    rows = int(shape[0]) if shape else 1
-    return rows, numel(shape) // max(1, rows)
+    """The rows x cols view of a gradient: its dimensions split into a leading and a trailing group, at the split
+    closest to square (the largest min(rows, cols)).
+
+    Why not simply ``shape[0] x rest``: the frameworks lay weights out differently. A PyTorch convolution is
+    (out, in, kh, kw) and splits at ``out x (in kh kw)``; a Keras kernel is (kh, kw, in, out), where ``shape[0]``
+    would make a 3 x (3 in out) matrix, on which a rank-2 approximation saves almost nothing and loses a lot. The
+    most square split is ``(kh kw in) x out``: the same matrix as PyTorch's, transposed, so both frameworks
+    compress the same tensors by the same factor. A 2-D weight has one split (Keras' dense kernel is PyTorch's
+    linear weight transposed).
+    """
+    if len(shape) < 2:
+        rows = int(shape[0]) if shape else 1
+        return rows, numel(shape) // max(1, rows)
+    splits = [(numel(shape[:i]), numel(shape[i:])) for i in range(1, len(shape))]
+    return max(splits, key=lambda rc: min(rc))   # ties: the earliest split
 
 
 def orthogonalize(ops: Ops, p):
