@@ -1,7 +1,7 @@
 """``powersgd:<rank>``: low-rank gradients with error feedback (Vogels et al. 2019, "PowerSGD").
 
-A gradient of shape (n, ...) is viewed as an n x m matrix M (:func:`matrix_shape`: the split of its dimensions
-closest to square, so that PyTorch's and Keras' layouts of a convolution give the same matrix) (plus this rank's residual). One step of power
+A gradient is viewed as an n x m matrix M (:func:`matrix_shape`: the split of its dimensions closest to square,
+so that PyTorch's and Keras' layouts of a convolution give the same matrix), plus this rank's residual. One step of power
 iteration, warm-started from the previous step's Q (m x r), approximates the *average* M by a rank-r product::
 
     P = M Q;   P <- allreduce(P);   P <- orthonormal columns of P
