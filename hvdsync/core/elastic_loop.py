@@ -1,9 +1,10 @@
-"""The elastic training loop both frameworks share: the shard plan re-planned from the committed position.
+"""Elastic training on the shared loop: :func:`elastic_fit` is :func:`hvdsync.core.loop.fit_loop` resumed from the
+committed position, with the elastic parts as one callback (:class:`ElasticCallback`).
 
-This is the function Horovod's elastic wrapper re-enters after every reset (:func:`hvdsync.core.elastic.run`), so
-everything it needs about "where are we" comes from the state: ``epoch`` and ``consumed`` pick up the epoch's
-global order where the last commit left it, with the plan cut for the *current* world size
-(``ShardPlan.resized(size).epoch(epoch, rank, start=consumed)``). No sample of the epoch is read twice, none is
+``elastic_fit`` is the function Horovod's elastic wrapper re-enters after every reset
+(:func:`hvdsync.core.elastic.run`), so everything it needs about "where are we" comes from the state: ``epoch`` and
+``consumed`` pick up the epoch's global order where the last commit left it, with the plan cut for the *current*
+world size (the loop's plan from ``PlanState(epoch, consumed)``). No sample of the epoch is read twice, none is
 skipped, whatever the sizes before and after.
 
 With ``record_reads`` the ranks all-gather the indices they actually trained on at every step and the state counts
@@ -22,13 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdsync.core import monitor
 from hvdsync.core.codecs import codec_state_of
 from hvdsync.core.data import Dataset
 from hvdsync.core.elastic import ElasticState
-from hvdsync.core.progress import Progress
-from hvdsync.core.scaling import loss_scale
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.core.loop import Callback, TrainContext, array_evaluator, fit_loop
+from hvdsync.core.sharding import PlanState
 from hvdsync.core.tracking import Tracker, make_tracker
 
 RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
@@ -105,8 +104,59 @@ class _Reporter:
                                       "elastic_recovery_seconds": event["recovery_seconds"]}, step=event["step"])
 
 
+class _ContinuingRun:
+    """The reporter's tracker as the shared loop sees it: the run was started once per process, with the committed
+    run id (:class:`_Reporter`), so the loop's ``start`` is a no-op; and the loop ends only after a reset when it
+    raised, which is not the end of the run, so only a ``FINISHED`` is passed on."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+
+    def __getattr__(self, name: str):
+        return getattr(self._tracker, name)
+
+    def start(self, *args, **kwargs) -> None:
+        pass
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if status == "FINISHED":
+            self._tracker.finish(status)
+
+
+class ElasticCallback(Callback):
+    """The elastic parts of a run, as hooks of the shared loop (:func:`hvdsync.core.loop.fit_loop`): a due fault
+    before each step, then after it the read log, the run id and the state's step (which commits when due and may
+    raise ``HostsUpdatedInterrupt`` there, on every rank at the same step); after each epoch its record in the
+    committed history and a commit.
+
+    Args:
+        state: the :class:`~hvdsync.core.elastic.ElasticState`.
+        reporter: rank 0's reset reporter (it also puts the MLflow run id into the state).
+        record_reads: count every sample each rank trains on (``state.user["reads"]`` and ``["timeline"]``).
+    """
+
+    def __init__(self, state: ElasticState, reporter: _Reporter, record_reads: bool = False) -> None:
+        self.state, self.reporter, self.record_reads = state, reporter, record_reads
+
+    def on_step_begin(self, ctx: TrainContext) -> None:
+        inject_fault(self.state.position.step)
+
+    def on_step_end(self, ctx: TrainContext) -> None:
+        if self.record_reads:
+            _record(self.state, ctx.backend, ctx.last_step, ctx.cfg.data.batch_size, ctx.epoch)
+        self.reporter.note_run_id()
+        self.state.step_done(ctx.last_step.global_count)
+
+    def on_epoch_end(self, ctx: TrainContext) -> None:
+        # The history is a user object of the state: a restore rolls it back with the model.
+        self.state.user["history"].append(
+            {"epoch": ctx.epoch, **{k: ctx.metrics[k] for k in ("train_loss", "test_accuracy", "world_size")}})
+        self.state.epoch_done()
+
+
 def elastic_fit(state: ElasticState, cfg, backend, data: Dataset, record_reads: bool = False) -> ElasticResult:
-    """Train from the state's position to ``cfg.train.epochs``; called (again after each reset) by the elastic run.
+    """Train from the state's position to ``cfg.train.epochs`` on the shared loop; called (again after each reset)
+    by the elastic run.
 
     Args:
         state: the :class:`~hvdsync.core.elastic.ElasticState` (position, user objects, reset log).
@@ -115,56 +165,36 @@ def elastic_fit(state: ElasticState, cfg, backend, data: Dataset, record_reads: 
         data: the dataset (same arrays on every rank).
         record_reads: count every sample each rank trains on (tests and notebook 10).
     """
-    start = time.perf_counter()
     backend.refresh()
     rank, size = backend.rank, backend.size
-    n = len(data.x_train)
-    plan = ShardPlan(n, size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed, cfg.data.shuffle)
     reporter = state.on_event if isinstance(state.on_event, _Reporter) else _Reporter(cfg, state, backend.framework)
     state.on_event = reporter
     tracker = reporter.tracker_for_rank(rank, size)
     if record_reads:
-        state.user.setdefault("reads", np.zeros((cfg.train.epochs, n), dtype=np.int64))
+        state.user.setdefault("reads", np.zeros((cfg.train.epochs, len(data.x_train)), dtype=np.int64))
         state.user["reads"] = np.asarray(state.user["reads"], dtype=np.int64)  # a list after a JSON checkpoint
         state.user.setdefault("timeline", [])
     state.user.setdefault("history", [])
-    bar = Progress(cfg.train.epochs * n, rank, desc=f"{backend.framework} elastic x{size}")
-    bar.update(state.position.epoch * n + state.position.consumed)
-    try:
-        while state.position.epoch < cfg.train.epochs:
-            epoch = state.position.epoch
-            loss_sum, seen = 0.0, 0
-            for step in plan.epoch(epoch, rank, start=state.position.consumed):
-                inject_fault(state.position.step)
-                micro = [(data.x_train[idx], data.y_train[idx]) for idx in step.micro]
-                loss_sum += backend.train_step(micro, loss_scale(step.global_count, size, cfg.sync.op))
-                seen += step.local_count
-                if record_reads:
-                    _record(state, backend, step, cfg.data.batch_size, epoch)
-                bar.update(step.global_count)
-                reporter.note_run_id()
-                state.step_done(step.global_count)  # may commit, and raise HostsUpdatedInterrupt there
-            x, y = data.x_test[rank::size], data.y_test[rank::size]
-            correct = backend.count_correct(x, y) if len(x) else 0
-            g = backend.allgather(np.array([loss_sum, seen, correct, len(x)], dtype=np.float64))
-            metrics = {"train_loss": g[:, 0].sum() / max(1.0, g[:, 1].sum()),
-                       "test_accuracy": g[:, 2].sum() / max(1.0, g[:, 3].sum()), "world_size": size}
-            state.user["history"].append({"epoch": epoch, **{k: float(v) for k, v in metrics.items()}})
-            tracker.log_metrics(metrics, step=epoch)
-            state.epoch_done()
-        gathered = backend.allgather(monitor.fingerprint(backend.parameters()))
-        tracker.finish("FINISHED")
-        reporter.note_run_id()
-    finally:
-        bar.close()
+    accuracy = array_evaluator(backend, data)
+
+    def evaluate():
+        return {**accuracy(), "world_size": float(size)}  # a plain number: the mean over ranks, i.e. the size
+
+    # The plan for the *current* world from the committed position: the epoch's global order goes on where the
+    # last commit left it, so no sample is read twice or skipped whatever the sizes before and after.
+    result = fit_loop(cfg, backend, data, evaluate, tracker=_ContinuingRun(tracker),
+                      callbacks=[ElasticCallback(state, reporter, record_reads)],
+                      resume=PlanState(state.position.epoch, state.position.consumed),
+                      progress_desc=f"{backend.framework} elastic x{size}", observe=False)
+    reporter.note_run_id()
     history = state.user["history"]
     return ElasticResult(
         framework=backend.framework, world_size=size, rank=rank, epochs=cfg.train.epochs, steps=state.position.step,
         test_accuracy=history[-1]["test_accuracy"] if history else 0.0, history=history, resets=state.events,
-        param_spread=monitor.spread(gathered), params_sha256=_digest(backend.parameters()),
+        param_spread=result.param_spread, params_sha256=_digest(backend.parameters()),
         reads=state.user["reads"].tolist() if record_reads else None,
         timeline=state.user.get("timeline") if record_reads else None, run_id=state.run_id,
-        total_seconds=time.perf_counter() - start)
+        total_seconds=result.total_seconds)
 
 
 def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_elastic: Callable, cfg=None,

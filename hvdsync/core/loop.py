@@ -268,7 +268,7 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
              evaluate: Callable[[], Evaluation] | None = None, tracker: Tracker | None = None,
              callbacks: Sequence[Callback] = (), resume: PlanState | None = None,
              before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
-             params: Mapping[str, Any] | None = None) -> FitResult:
+             params: Mapping[str, Any] | None = None, observe: bool = True) -> FitResult:
     """Train ``backend`` on ``steps`` as ``cfg`` says; returns this rank's :class:`FitResult`.
 
     Args:
@@ -285,6 +285,8 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
         before_step: ``before_step(epoch, step)`` on every rank before each step (shorthand for a callback).
         params: run parameters to record; default ``cfg.flat()`` with Horovod's knobs as this worker's environment
             holds them (:func:`hvdsync.core.runtime.applied_params`): the record claims only settings that applied.
+        observe: run the :class:`~hvdsync.core.observe.Observer` (per-step metrics, monitor checks, the run's
+            record and artifacts). The elastic loop turns it off: it re-enters after every reset.
 
     Example:
         >>> result = fit_loop(cfg, backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
@@ -313,8 +315,8 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
     from hvdsync.core.observe import Observer
 
     # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.observe).
-    observer = Observer()
-    own = [observer]
+    observers = [Observer()] if observe else []
+    own = list(observers)
     if rank == cfg.data.test_slow_rank:  # tests and demonstrations only: this rank computes test_slowdown x slower
         backend.timer.slow_down(cfg.data.test_slowdown)
     if cfg.data.shares == "adaptive" or cfg.data.test_slow_rank >= 0:
@@ -356,7 +358,7 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
             tracker.finish(ctx.status)
             # After finish: the tracker writes to a local spool first, and the run id is the store's answer.
             result.run_id = tracker.run_id
-            result.warnings = [*observer.messages, *tracker.messages]
+            result.warnings = [*(m for o in observers for m in o.messages), *tracker.messages]
 
 
 def _finish(ctx: TrainContext, start: float) -> None:

@@ -135,3 +135,60 @@ def test_cursor_state_resumes_with_exactly_the_unread_samples_at_any_world_size(
 def test_cursor_refuses_a_rank_outside_the_world():
     with pytest.raises(ValueError, match=r"rank: 2 is not allowed; expected 0 <= rank < 2 \(the world has 2 ranks\)"):
         PlanCursor(ShardPlan(10, 2, 2), 2)
+
+
+# ---- the elastic loop is this loop with the elastic callback ------------------------------------------------------
+class _Weights:
+    """The elastic state's adapter side for the numpy backend: its weights saved and restored by value."""
+
+    fingerprint = "numpy"
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.save()
+
+    def save(self):
+        self.saved = self.backend.w.copy()
+
+    def restore(self):
+        self.backend.w = self.saved.copy()
+
+    def sync(self):
+        pass
+
+
+def test_the_elastic_loop_trains_as_the_shared_loop_and_resumes_from_a_commit(data):
+    from hvdsync.core.elastic import ElasticState
+    from hvdsync.core.elastic_loop import elastic_fit
+
+    class Elastic(NumpyBackend):
+        def refresh(self):
+            pass
+
+    plain = NumpyBackend(64, 10)
+    expected = fit_loop(_cfg(), plain, data)
+    whole = Elastic(64, 10)
+    state = ElasticState(_Weights(whole), lambda obj: obj, lambda: 0, lambda: 1, commit_every=5)
+    result = elastic_fit(state, _cfg(), whole, data, record_reads=True)
+    assert np.array_equal(whole.w, plain.w)                     # the same steps, bit for bit
+    assert [h["train_loss"] for h in result.history] == [h["train_loss"] for h in expected.history]
+    assert result.steps == expected.optimizer_steps == 28 and state._commits == 28 // 5 + 2   # + one per epoch
+    assert np.array_equal(np.array(result.reads), np.ones((2, len(data.x_train)), dtype=int))
+    # A job resumed from the commit after step 10 (mid-epoch 0) ends where the uninterrupted one did.
+    resumed = Elastic(64, 10)
+    state = ElasticState(_Weights(resumed), lambda obj: obj, lambda: 0, lambda: 1, commit_every=5)
+    first = Elastic(64, 10)
+    fit_loop(_cfg(), first, data, callbacks=[_StopAt(10)])
+    resumed.w = first.w.copy()
+    state.position.epoch, state.position.consumed, state.position.step = 0, 10 * 100, 10
+    again = elastic_fit(state, _cfg(), resumed, data)
+    assert np.array_equal(resumed.w, whole.w) and again.steps == 28
+    assert again.history[-1]["world_size"] == 1.0
+
+
+class _StopAt(Callback):
+    def __init__(self, steps):
+        self.steps = steps
+
+    def on_step_end(self, ctx):
+        ctx.stop_training = ctx.global_step == self.steps
