@@ -209,7 +209,7 @@ class DataConfig:
         batch_growth: ``{epoch: factor}``: from ``epoch`` on the batch is ``factor`` x ``batch_size`` (fewer
             all-reduces per epoch); the learning rate follows ``train.growth_lr``. Empty: a constant batch.
         test_slow_rank / test_slowdown: **for tests and demonstrations only**: rank ``test_slow_rank`` (-1: none)
-            sleeps ``test_slowdown - 1`` times each compute phase's duration after it, i.e. it computes
+            stays busy ``test_slowdown - 1`` times each compute phase's duration after it, i.e. it computes
             ``test_slowdown`` times slower (what ``shares: adaptive`` is measured against).
     """
 
@@ -241,7 +241,8 @@ class DataConfig:
         _int("data.image_channels", self.image_channels, 1)
         _choice("data.shares", self.shares, SHARE_RULES)
         if not isinstance(self.batch_growth, dict):
-            _fail("data.batch_growth", self.batch_growth, "expected a mapping of epoch to batch factor, e.g. {2: 2, 4: 4}")
+            _fail("data.batch_growth", self.batch_growth,
+                  "expected a mapping of epoch to batch factor, e.g. {2: 2, 4: 4}")
         try:
             self.batch_growth = dict(parse_growth("data.batch_growth", self.batch_growth))
         except ValueError as exc:

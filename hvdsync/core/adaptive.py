@@ -13,20 +13,25 @@ from hvdsync.core.profiling import PHASES
 from hvdsync.core.scaling import grown_lr
 from hvdsync.core.shares import balanced_shares
 
-# Work = a step's time minus its wait in the all-reduce: what a rank's own speed decides.
-_WORK = [PHASES.index(p) for p in ("data", "compute", "update")]
+# Work = the phases whose time grows with the samples a rank reads (reading them; forward and backward). The
+# all-reduce wait is left out (there a fast rank idles for a slow one), and so is the optimizer update, which costs
+# the same whatever a rank's share: counting it would pull every estimate towards equal shares.
+_WORK = [PHASES.index(p) for p in ("data", "compute")]
 
 
 class AdaptiveShares(Callback):
     """Measures every rank's work per epoch and, with ``adapt``, re-divides the next epoch's global steps by it.
 
-    At each epoch's end every rank all-gathers ``(samples read, work seconds)`` (one small all-gather; the phase
-    timers give the work: data + compute + update, without the all-reduce wait, in which a fast rank idles for a
-    slow one). The shares for the next epoch are :func:`~hvdsync.core.shares.balanced_shares` of those numbers,
-    computed alike on every rank, and handed to the step source (``set_shares``). The epoch boundary is the
-    re-weighting point because a ``DataLoader`` plans its batches when its iterator is made, once per epoch.
+    At each epoch's end every rank all-gathers its throughput (one small all-gather; the phase timers give the
+    work: data + compute, the phases that grow with a rank's samples; not the all-reduce wait, in which a fast rank
+    idles for a slow one, nor the update, which costs the same whatever the share). The shares for the next epoch
+    are :func:`~hvdsync.core.shares.balanced_shares` of those numbers, computed alike on every rank, and handed to
+    the step source (``set_shares``). The epoch boundary is the re-weighting point because a ``DataLoader`` plans
+    its batches when its iterator is made, once per epoch.
+    The throughput is the *median* over the epoch's steps of samples per work second: a step stretched by
+    something else on the machine (a descheduled process, a collector) must not move a whole epoch's shares.
 
-    It also records, per epoch, each rank's samples, work seconds and share (``result.history``; MLflow
+    It also records, per epoch, each rank's samples, throughput and share (``result.history``; MLflow
     ``rank/<r>/samples``, ``rank/<r>/share``), with ``adapt=False`` too (equal shares, measured for comparison).
 
     Args:
@@ -44,19 +49,25 @@ class AdaptiveShares(Callback):
                              "samplers have it)")
 
     def on_epoch_begin(self, ctx) -> None:
-        self._samples, self._start = 0, np.asarray(ctx.backend.timer.snapshot())
+        self._samples, self._rates, self._last = 0, [], np.asarray(ctx.backend.timer.snapshot())
 
     def on_step_end(self, ctx) -> None:
-        self._samples += ctx.last_step.local_count
+        now = np.asarray(ctx.backend.timer.snapshot())
+        work, self._last = float((now - self._last)[_WORK].sum()), now
+        n = ctx.last_step.local_count
+        self._samples += n
+        if n and work > 0:
+            self._rates.append(n / work)
 
     def on_epoch_end(self, ctx) -> None:
-        work = float((np.asarray(ctx.backend.timer.snapshot()) - self._start)[_WORK].sum())
-        gathered = ctx.backend.allgather(np.array([self._samples, work], dtype=np.float64))
+        # One second of work at the median rate: balanced_shares divides samples by seconds.
+        rate = float(np.median(self._rates)) if self._rates else 0.0
+        gathered = ctx.backend.allgather(np.array([self._samples, rate, 1.0 if rate else 0.0], dtype=np.float64))
         used = ctx.plan.shares or (1.0 / ctx.size,) * ctx.size
-        record = {"rank_samples": gathered[:, 0].astype(int).tolist(), "rank_work_seconds": gathered[:, 1].tolist(),
+        record = {"rank_samples": gathered[:, 0].astype(int).tolist(), "rank_throughput": gathered[:, 1].tolist(),
                   "shares": list(used)}
         if self.adapt:
-            shares = balanced_shares(gathered[:, 0], gathered[:, 1], previous=used)
+            shares = balanced_shares(gathered[:, 1], gathered[:, 2], previous=used)
             self.steps.set_shares(shares)
             ctx.plan = ctx.plan.with_shares(shares)
         if ctx.result.history:

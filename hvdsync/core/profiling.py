@@ -40,7 +40,7 @@ class PhaseTimer:
 
     def slow_down(self, factor: float) -> None:
         """For tests and demonstrations only (``data.test_slowdown``): make every ``compute`` phase ``factor`` times
-        longer by sleeping ``factor - 1`` times its duration at its end, like a slower device would."""
+        longer by keeping the CPU busy for ``factor - 1`` times its duration at its end, like a slower processor."""
         self.slowdown = float(factor)
 
     @contextmanager
@@ -49,7 +49,11 @@ class PhaseTimer:
         try:
             yield
             if name == "compute" and self.slowdown > 1.0:
-                time.sleep((self.slowdown - 1.0) * (time.perf_counter() - start))
+                # Busy, not asleep: on a machine whose cores are shared, a sleeping rank hands its core to the
+                # others and is hardly slower at all; a busy one competes for the core like real work.
+                deadline = start + self.slowdown * (time.perf_counter() - start)
+                while time.perf_counter() < deadline:
+                    pass
         finally:
             self.seconds[name] += time.perf_counter() - start
             self.counts[name] += 1

@@ -92,7 +92,7 @@ def balanced_shares(samples: Sequence[float], seconds: Sequence[float],
 
     Args:
         samples: samples each rank read in the measured interval (all-gathered: the same array on every rank).
-        seconds: each rank's work seconds in it (step time minus the wait in the all-reduce).
+        seconds: each rank's work seconds in it (reading, forward and backward; not the all-reduce wait).
         previous: the shares in force; kept for a rank that has no measurement (it read nothing, or took no time).
 
     Each share is at least :data:`MIN_SHARE_OF_EQUAL` of an equal share. The result is rounded to 1e-9 so that it
@@ -131,7 +131,7 @@ def rebalanced(plan: Any, epoch: int, rank: int, work_seconds: float, allgather:
     """The shares for the next epoch from this rank's ``work_seconds`` in ``epoch`` (a user's own loop).
 
     Every rank calls it at the same point (it all-gathers): the samples each rank read in ``epoch`` come from the
-    plan, the work seconds from the caller (its step time minus the all-reduce wait, e.g. the phases of a
+    plan, the work seconds from the caller (reading, forward and backward, not the all-reduce wait: the phases of a
     :class:`~hvdsync.core.profiling.PhaseTimer`).
 
     Args:

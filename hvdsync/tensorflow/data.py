@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from hvdsync.core.loader import PlanLoader
 from hvdsync.core.scaling import loss_scale
+from hvdsync.core.shares import rebalanced
 from hvdsync.core.sharding import ShardPlan, Step
 
 
@@ -41,6 +42,14 @@ class PlanSampler(keras.callbacks.Callback):
         seed: the global seed of the epochs' order; shuffle: False reads 0..N-1 every epoch.
         rank, world_size: default ``hvd.rank()`` and ``hvd.size()`` (after ``init``).
         op: Horovod's reduce op (``average``, ``sum``), for the weights.
+        growth: ``{epoch: factor}``, a batch that grows over the epochs (``data.batch_growth``); the stream's length
+            then changes between epochs and is not asserted.
+
+    Straggler-aware shares: ``rebalance(work_seconds)`` on every rank at an epoch's end (your seconds of reading,
+    forward and backward; not the all-reduce wait) gives each rank a share of every later global step
+    proportional to its throughput (:mod:`hvdsync.core.shares`); the weights stay exact. Keras' ``fit`` runs the
+    all-reduce inside its step, so it cannot tell work from the wait: for a Keras model with adaptive shares use ``hs.fit(cfg, model=...)``
+    (``data.shares: adaptive``), which measures the phases apart.
 
     Example::
 
@@ -51,12 +60,12 @@ class PlanSampler(keras.callbacks.Callback):
 
     def __init__(self, dataset: Sized | int, batch_size: int, accumulate: int = 1, seed: int = 0,
                  shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
-                 op: str = "average") -> None:
+                 op: str = "average", growth=()) -> None:
         super().__init__()
         size = dataset if isinstance(dataset, int) else len(dataset)
         world_size = hvd.size() if world_size is None else world_size
         rank = hvd.rank() if rank is None else rank
-        self.plan = ShardPlan(size, world_size, batch_size, accumulate, seed, shuffle)
+        self.plan = ShardPlan(size, world_size, batch_size, accumulate, seed, shuffle, growth=growth)
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank: {rank!r} is not allowed; expected 0 <= rank < {world_size} "
                              f"(the world has {world_size} ranks)")
@@ -69,9 +78,9 @@ class PlanSampler(keras.callbacks.Callback):
     @classmethod
     def from_config(cls, cfg, dataset: Sized | int, rank: int | None = None,
                     world_size: int | None = None) -> "PlanSampler":
-        """Batch size, accumulation, seed, shuffle and op from a :class:`hvdsync.config.Config`."""
+        """Batch size, accumulation, seed, shuffle, op and batch growth from a :class:`hvdsync.config.Config`."""
         return cls(dataset, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed, cfg.data.shuffle, rank,
-                   world_size, cfg.sync.op)
+                   world_size, cfg.sync.op, cfg.data.batch_growth)
 
     # ---- position ----------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -93,9 +102,22 @@ class PlanSampler(keras.callbacks.Callback):
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
         self._next, self._planned = (self.epoch, self.consumed), {}
 
-    def batches_per_epoch(self) -> int:
-        """Micro-batches in a whole epoch (the same on every rank)."""
-        return self.plan.steps_per_epoch() * self.plan.accumulate
+    def batches_per_epoch(self, epoch: int | None = None) -> int:
+        """Micro-batches in a whole ``epoch`` (default: the current one; the same on every rank)."""
+        return self.plan.steps_per_epoch(0, self.epoch if epoch is None else epoch) * self.plan.accumulate
+
+    # ---- unequal shares (stragglers) ---------------------------------------------------------------------------
+    def set_shares(self, shares) -> None:
+        """Each rank's fraction of every global step from the next pass on (``None``: equal); the same on every
+        rank (:mod:`hvdsync.core.shares`)."""
+        self.plan = self.plan.with_shares(shares)
+
+    def rebalance(self, work_seconds: float, allgather=None) -> tuple[float, ...]:
+        """At an epoch's end, on every rank: shares for the next passes by each rank's throughput in this epoch
+        (all-gathered through Horovod). Returns them."""
+        shares = rebalanced(self.plan, self.epoch, self.rank, work_seconds, allgather or _allgather)
+        self.set_shares(shares)
+        return shares
 
     # ---- the stream --------------------------------------------------------------------------------------------
     def weights(self, step: Step, micro: np.ndarray) -> np.ndarray:
@@ -120,8 +142,8 @@ class PlanSampler(keras.callbacks.Callback):
         length is known (one epoch), so Keras knows the epoch's batches from the start."""
         signature = (tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None,), tf.float32))
         data = tf.data.Dataset.from_generator(self._batches, output_signature=signature)
-        if self._next[1] == 0:  # a whole epoch
-            data = data.apply(tf.data.experimental.assert_cardinality(self.batches_per_epoch()))
+        if self._next[1] == 0 and not self.plan.growth:  # a whole epoch, and every epoch as long
+            data = data.apply(tf.data.experimental.assert_cardinality(self.batches_per_epoch(self._next[0])))
         if lookup is not None:
             data = data.map(lambda i, w: (*lookup(i), w), num_parallel_calls=num_parallel_calls)
         return data.prefetch(tf.data.AUTOTUNE)
@@ -140,6 +162,10 @@ class PlanSampler(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None) -> None:
         self.consumed = self.plan.dataset_size
+
+
+def _allgather(values: np.ndarray) -> np.ndarray:
+    return hvd.allgather(tf.reshape(tf.constant(values), (1, -1)), name="hvdsync.shares").numpy()
 
 
 class ShardedLoader(PlanLoader):

@@ -34,8 +34,9 @@ class PlanSampler(PlanCursor, Sampler):
         growth: ``{epoch: factor}``, a batch that grows over the epochs (``data.batch_growth``).
 
     Straggler-aware shares in your own loop: at each epoch's end call ``sampler.rebalance(work_seconds)`` on every
-    rank (your step time minus the wait in ``optimizer.synchronize()``); the next epochs give each rank a share of
-    every global step proportional to its throughput (:mod:`hvdsync.core.shares`), with the same guarantees.
+    rank (your seconds of reading, forward and backward; not the wait in ``optimizer.synchronize()``); the next
+    epochs give each rank a share of every global step proportional to its throughput (:mod:`hvdsync.core.shares`),
+    with the same guarantees.
 
     Example::
 

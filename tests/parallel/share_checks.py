@@ -1,0 +1,148 @@
+"""Runs inside each of 2 Horovod workers (sent by value): straggler-aware shares and a growing batch, for PyTorch
+(your Dataset through a DataLoader with PlanSampler, your model through ``fit``) and TensorFlow (your Keras model
+through ``fit``, the ``tf.data`` PlanSampler). One job per framework; tests/parallel/test_shares.py asserts.
+
+Rank 1 is made 4x slower with the test-only ``data.test_slow_rank`` / ``data.test_slowdown``.
+"""
+import numpy as np
+
+EPOCHS, BATCH = 3, 32
+# Rank 1 computes this many times slower: far enough from 1 that a busy machine cannot make it look fast.
+SLOWDOWN = 4.0
+
+
+def _config(**data):
+    from hvdsync.config import Config
+
+    return Config.from_dict({"data": {"batch_size": BATCH, **data},
+                             "train": {"epochs": EPOCHS, "lr": 0.05, "hidden": 128},
+                             "tracking": {"enabled": False}, "monitor": {"every": 0}})
+
+
+def _summary(result, per_epoch_reads, allgather, lrs):
+    """What both frameworks return: reads per epoch summed over ranks (counted), the shares, the growth run."""
+    reads = allgather(np.asarray(per_epoch_reads, dtype=np.float64).reshape(1, -1)).reshape(2, EPOCHS, -1)
+    return {"reads_per_epoch": reads.sum(0).astype(int).tolist(), "param_spread": result.param_spread,
+            "rank_samples": [h["rank_samples"] for h in result.history],
+            "shares": [h["shares"] for h in result.history], "steps": result.optimizer_steps,
+            "plan_steps": result.history and None, "lrs": lrs}
+
+
+def _read_counter(reads):
+    from hvdsync.core.loop import Callback
+
+    class PerEpoch(Callback):
+        """Keeps each epoch's read counts and starts the next epoch from zero."""
+
+        def __init__(self):
+            self.epochs = []
+
+        def on_epoch_end(self, ctx):
+            self.epochs.append(reads.copy())
+            reads[:] = 0
+
+    return PerEpoch()
+
+
+def _growth_run(fit, lr_of):
+    """The built-in MLP on digits with the batch doubling at epoch 1 and again at 2: rounds, accuracy, lr."""
+    from hvdsync.core.loop import Callback
+
+    class LearningRates(Callback):
+        def __init__(self):
+            self.lrs = []
+
+        def on_epoch_begin(self, ctx):  # after the loop's own growth callback has set the epoch's rate
+            self.lrs.append(lr_of(ctx.backend))
+
+    lrs = LearningRates()
+    result = fit(_config(batch_growth={1: 2, 2: 4}), callbacks=[lrs])
+    return {"sync_rounds": [h["sync_rounds"] for h in result.history],
+            "global_batch": [h["global_batch"] for h in result.history],
+            "accuracy": result.test_accuracy, "param_spread": result.param_spread, "lrs": lrs.lrs}
+
+
+def torch_checks():
+    import horovod.torch as hvd
+    import torch
+    from torch.utils.data import DataLoader
+
+    import hvdsync.torch as ht
+    from hvdsync.core.data import digits
+
+    data = digits(seed=0)
+    n = len(data.x_train)
+    reads = np.zeros(n, dtype=np.int64)
+
+    class Counted(torch.utils.data.Dataset):
+        """The user's Dataset; counts every sample it hands out."""
+
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            reads[i] += 1
+            return torch.from_numpy(data.x_train[i]), int(data.y_train[i])
+
+    cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
+    ht.init(cfg)
+    loader = DataLoader(Counted(), batch_sampler=ht.PlanSampler.from_config(cfg, n))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    counter = _read_counter(reads)
+    result = ht.fit(cfg, model=model, loss=torch.nn.CrossEntropyLoss(), train=loader, callbacks=[counter])
+    gather = lambda a: hvd.allgather(torch.as_tensor(a)).numpy()  # noqa: E731
+    out = _summary(result, counter.epochs, gather, [])
+
+    # Your own loop: rebalance() from your measured work seconds (here rank 1 says it worked twice as long).
+    sampler = ht.PlanSampler(n, batch_size=BATCH, accumulate=2)
+    out["rebalanced"] = sampler.rebalance(work_seconds=2.0 if hvd.rank() == 1 else 1.0)
+    sampler.set_epoch(1)
+    mine = [i for micro, _ in sampler.steps(DataLoader(range(n), batch_sampler=sampler)) for m in micro
+            for i in m.tolist()]
+    out["own_loop_reads"] = np.bincount(gather(np.asarray(mine)).ravel(), minlength=n).tolist()
+    out["own_loop_rank_samples"] = gather(np.array([len(mine)])).ravel().tolist()
+    out["own_loop_steps"] = gather(np.array([len(sampler.planned_steps())])).ravel().tolist()
+
+    out["growth"] = _growth_run(ht.fit, lambda b: b.optimizer.param_groups[0]["lr"])
+    return out
+
+
+def tf_checks():
+    import hvdsync.tensorflow as hs  # first: it keeps TensorFlow's start-up lines quiet
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from hvdsync.core.data import digits
+
+    data = digits(seed=0)
+    n = len(data.x_train)
+    reads = np.zeros(n, dtype=np.int64)
+    from hvdsync.core.loop import Callback
+
+    class CountSteps(Callback):
+        """Counts the samples of every step the loop hands to the model on this rank."""
+
+        def on_step_end(self, ctx):
+            np.add.at(reads, ctx.last_step.indices, 1)
+
+    cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
+    hs.init(cfg)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+    counter = _read_counter(reads)
+    result = hs.fit(cfg, data, model=model, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    optimizer=keras.optimizers.SGD(0.05), callbacks=[CountSteps(), counter])
+    gather = lambda a: hvd.allgather(tf.constant(a)).numpy()  # noqa: E731
+    out = _summary(result, counter.epochs, gather, [])
+
+    # The tf.data helper in your own pipeline: rebalance() from your measured work seconds.
+    sampler = hs.PlanSampler(n, batch_size=BATCH, accumulate=2)
+    out["rebalanced"] = sampler.rebalance(work_seconds=2.0 if hvd.rank() == 1 else 1.0)
+    batches = list(sampler.dataset().as_numpy_iterator())
+    mine = np.concatenate([i for i, _ in batches])
+    out["own_loop_reads"] = np.bincount(gather(mine).ravel(), minlength=n).tolist()
+    out["own_loop_rank_samples"] = gather(np.array([len(mine)])).ravel().tolist()
+    out["own_loop_steps"] = gather(np.array([len(batches)])).ravel().tolist()
+
+    out["growth"] = _growth_run(hs.fit, lambda b: float(np.asarray(b.optimizer.learning_rate)))
+    return out

@@ -1,0 +1,64 @@
+"""Straggler-aware shares and a growing batch on real Horovod workers (2 processes, Gloo), both frameworks.
+
+One job per framework runs every check (tests/parallel/share_checks.py); each test asserts one promise. Rank 1
+computes 4x slower (the test-only ``data.test_slow_rank``). Speed is not asserted here (a noisy machine): the
+epoch-time ratio is printed by benchmarks/shares.py and notebook 08.
+"""
+import math
+
+import cloudpickle
+import pytest
+
+from hvdsync import launch
+from tests.parallel import share_checks
+
+cloudpickle.register_pickle_by_value(share_checks)
+
+CHECKS = {"torch": share_checks.torch_checks, "tensorflow": share_checks.tf_checks}
+
+
+@pytest.fixture(scope="module", params=sorted(CHECKS))
+def checks(request):
+    results = launch.run(CHECKS[request.param], np=2, progress=False)
+    assert len(results) == 2
+    return results
+
+
+def test_every_sample_is_read_exactly_once_per_epoch_with_adaptive_shares(checks):
+    r = checks[0]
+    assert len(r["reads_per_epoch"]) == share_checks.EPOCHS
+    assert all(set(epoch) == {1} for epoch in r["reads_per_epoch"])   # counted where the samples are read
+
+
+def test_parameters_are_identical_across_ranks(checks):
+    assert checks[0]["param_spread"] == 0.0 and checks[1]["param_spread"] == 0.0
+    assert checks[0]["growth"]["param_spread"] == 0.0
+
+
+def test_the_slow_rank_gets_fewer_samples_after_the_first_epoch(checks):
+    r = checks[0]
+    first, *later = r["rank_samples"]
+    assert abs(first[0] - first[1]) <= 1                              # epoch 0: equal shares, nothing measured yet
+    for samples, shares in zip(later, r["shares"][1:]):
+        assert samples[1] < samples[0] and shares[1] < 0.45            # rank 1 (4x slower) reads fewer
+        assert math.isclose(sum(shares), 1.0)
+    assert checks[1]["rank_samples"] == r["rank_samples"]              # both ranks planned alike
+    assert checks[1]["shares"] == r["shares"]
+
+
+def test_rebalance_in_your_own_loop_keeps_the_plan_promises(checks):
+    r = checks[0]
+    assert r["rebalanced"] == pytest.approx((2 / 3, 1 / 3)) and checks[1]["rebalanced"] == r["rebalanced"]
+    assert set(r["own_loop_reads"]) == {1}                                # every sample once over both ranks
+    low, high = sorted(r["own_loop_rank_samples"])
+    assert r["own_loop_rank_samples"][1] == low and high > 1.9 * low      # rank 1 reads about half as many
+    assert r["own_loop_steps"][0] == r["own_loop_steps"][1]               # the same number of (micro-)batches
+
+
+def test_a_growing_batch_cuts_all_reduces_and_scales_the_learning_rate(checks):
+    g = checks[0]["growth"]
+    assert g["global_batch"] == [64, 128, 256]
+    steps = [math.ceil(1348 / b) for b in g["global_batch"]]             # 1,348 digits in the training split
+    assert g["sync_rounds"] == steps                                   # counted: tensors handed to Horovod / layers
+    assert g["lrs"] == pytest.approx([0.05, 0.05 * 2 ** 0.5, 0.1])       # train.growth_lr: sqrt (default)
+    assert g["accuracy"] >= 0.85
