@@ -2,7 +2,7 @@
 
     init, fit, build, TensorFlowBackend, distributed_optimizer, DistributedOptimizer, broadcast_state, PlanSampler,
     ShardedLoader, CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, callbacks (Keras callbacks),
-    elastic_state, run_elastic, fit_elastic
+    elastic_state, run_elastic, fit_elastic, keras_fit (elastic Keras fit of your own model)
 
 Horovod 0.28.1's own TensorFlow helpers (``DistributedGradientTape``, the Keras callbacks, ``SyncBatchNormalization``)
 are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Horovod's low-level collectives
@@ -21,7 +21,7 @@ quiet_imports()
 from hvdsync.tensorflow import callbacks  # noqa: E402
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
 from hvdsync.tensorflow.data import PlanSampler, ShardedLoader  # noqa: E402
-from hvdsync.tensorflow.elastic import elastic_state, fit_elastic, run_elastic  # noqa: E402
+from hvdsync.tensorflow.elastic import elastic_state, fit_elastic, keras_fit, run_elastic  # noqa: E402
 from hvdsync.tensorflow.layers import SyncBatchNormalization  # noqa: E402
 from hvdsync.tensorflow.models import CNN, local_optimizer, mlp  # noqa: E402
 from hvdsync.tensorflow.optimizer import DistributedOptimizer, broadcast_state, distributed_optimizer  # noqa: E402
@@ -30,4 +30,4 @@ from hvdsync.tensorflow.train import TensorFlowBackend, build, fit  # noqa: E402
 
 __all__ = ["init", "fit", "build", "TensorFlowBackend", "distributed_optimizer", "DistributedOptimizer",
            "broadcast_state", "PlanSampler", "ShardedLoader", "CodecCompressor", "SyncBatchNormalization", "mlp", "CNN",
-           "local_optimizer", "callbacks", "elastic_state", "run_elastic", "fit_elastic"]
+           "local_optimizer", "callbacks", "elastic_state", "run_elastic", "fit_elastic", "keras_fit"]

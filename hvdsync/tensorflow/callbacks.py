@@ -199,6 +199,41 @@ class MLflowCallback(keras.callbacks.Callback):
         self.tracker.finish("FINISHED")
 
 
+class ElasticStateCallback(keras.callbacks.Callback):
+    """Keras ``fit`` under hvdsync's elastic state (:func:`hvdsync.tensorflow.elastic_state`): the state follows the
+    :class:`~hvdsync.tensorflow.PlanSampler`'s position step by step, commits every ``elastic.commit_every``
+    optimizer steps (rank 0 checkpointing as configured) and at the end of each epoch. After a reset
+    :func:`~hvdsync.tensorflow.run_elastic` calls the training function again, which starts ``fit`` at the
+    committed epoch with a sampler at the committed sample: the rest of that epoch, re-planned for the new world.
+
+    List it after the sampler (it reads the sampler's position after each batch). Horovod's own Keras state and
+    callbacks (``hvd.elastic.KerasState``, ``CommitStateCallback``) fail on Keras 3.
+    :func:`hvdsync.tensorflow.keras_fit` is the training function that uses it (and fits a resumed partial epoch
+    on its own: see there why); ``examples/elastic_keras_fit.py`` the whole script.
+    """
+
+    def __init__(self, state, sampler) -> None:
+        super().__init__()
+        self.state, self.sampler, self._done = state, sampler, 0
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        if epoch != self.state.position.epoch:
+            raise ValueError(f"initial_epoch: fit is at epoch {epoch} but the elastic state at epoch "
+                             f"{self.state.position.epoch}; pass model.fit(..., initial_epoch=state.position.epoch)")
+        self._done = 0
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        ends = self.sampler.step_ends()
+        # With steps_per_execution > 1 one call may close several steps: each is counted (and committed when due).
+        for i in range(self._done, min((batch + 1) // self.sampler.plan.accumulate, len(ends))):
+            self._done = i + 1
+            # May commit, and raise HostsUpdatedInterrupt there, on every rank at this step: it leaves fit.
+            self.state.step_done(int(ends[i]) - self.state.position.consumed)
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        self.state.epoch_done()
+
+
 def standard_callbacks(cfg=None, target_lr: float | None = None, warmup_epochs: float = 0,
                        track: bool = True) -> list[keras.callbacks.Callback]:
     """The callbacks a distributed ``fit`` needs, in the order they must run: broadcast, metric average,

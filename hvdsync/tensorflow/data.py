@@ -102,6 +102,11 @@ class PlanSampler(keras.callbacks.Callback):
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
         self._next, self._planned = (self.epoch, self.consumed), {}
 
+    def step_ends(self) -> np.ndarray:
+        """Samples of the current epoch consumed after each of its optimizer steps in the pass being streamed
+        (cumulative from where the pass started; empty before the pass)."""
+        return self._planned.get(self.epoch, np.zeros(0, dtype=np.int64))
+
     def batches_per_epoch(self, epoch: int | None = None) -> int:
         """Micro-batches in a whole ``epoch`` (default: the current one; the same on every rank)."""
         return self.plan.steps_per_epoch(0, self.epoch if epoch is None else epoch) * self.plan.accumulate
@@ -155,8 +160,8 @@ class PlanSampler(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None) -> None:
         # `batch` is the index of the last batch run (with steps_per_execution > 1, of several); a step counts as
         # consumed once all its micro-batches have run.
-        after = self._planned.get(self.epoch)
-        done = 0 if after is None else min((batch + 1) // self.plan.accumulate, len(after))
+        after = self.step_ends()
+        done = min((batch + 1) // self.plan.accumulate, len(after))
         if done:
             self.consumed = int(after[done - 1])
 

@@ -123,6 +123,44 @@ def run_elastic(func: Callable, state: ElasticState) -> Any:
     return run(func, state, _reset, translate=translate)
 
 
+def keras_fit(state: ElasticState, model: keras.Model, make_sampler: Callable, lookup: Callable, epochs: int,
+              callbacks=(), **fit_kwargs):
+    """``model.fit`` of your own compiled Keras model from the state's committed position: the training function
+    for :func:`run_elastic`, which calls it again after every reset.
+
+    It builds a sampler for the world size of now (``make_sampler()``, e.g. ``lambda: PlanSampler.from_config(cfg,
+    n)``), loads the committed position into it and fits with :class:`~hvdsync.tensorflow.callbacks
+    .ElasticStateCallback` (commits every ``elastic.commit_every`` steps and at each epoch's end). A position in
+    the middle of an epoch is fitted on its own first (``epochs=e + 1, initial_epoch=e``): Keras learns the number
+    of batches of a stream of unknown length from its first epoch and stops the later ones there, so a short
+    resumed epoch followed by whole ones in one ``fit`` would silently cut every later epoch short.
+
+    Args:
+        state: from :func:`elastic_state` (``model.optimizer`` after ``compile``).
+        make_sampler: returns a new :class:`~hvdsync.tensorflow.PlanSampler` for the current world.
+        lookup: ``lookup(indices) -> (x, y)`` in TensorFlow ops (see ``PlanSampler.dataset``).
+        epochs: the epochs of the whole run.
+        callbacks: your other Keras callbacks; fit_kwargs: more ``model.fit`` arguments (``verbose``, ...).
+
+    Example (``examples/elastic_keras_fit.py``)::
+
+        state = hs.elastic_state(model, model.optimizer, cfg)
+        hs.run_elastic(lambda s: hs.keras_fit(s, model, lambda: hs.PlanSampler.from_config(cfg, n), lookup,
+                                              cfg.train.epochs), state)
+    """
+    from hvdsync.tensorflow.callbacks import ElasticStateCallback
+
+    sampler = make_sampler()
+    sampler.load_state_dict(state.plan_state())
+    history = None
+    while state.position.epoch < epochs:
+        epoch, partial = state.position.epoch, state.position.consumed > 0
+        history = model.fit(sampler.dataset(lookup), epochs=epoch + 1 if partial else epochs, initial_epoch=epoch,
+                            shuffle=False, callbacks=[sampler, ElasticStateCallback(state, sampler), *callbacks],
+                            **fit_kwargs)
+    return history
+
+
 def fit_elastic(cfg=None, data=None, record_reads: bool = False):
     """hvdsync's built-in Keras model trained elastically: returns this rank's
     :class:`~hvdsync.core.elastic_loop.ElasticResult`. Runs in each worker of an elastic job."""

@@ -1,0 +1,38 @@
+"""Elastic Keras ``fit`` of the user's own model (``hvdsync.tensorflow.keras_fit`` + ``ElasticStateCallback``) on a
+real elastic job: 2 local hosts, the second one's worker SIGKILLs itself before step 7 (tests/parallel/
+keras_elastic_checks.py), the survivor restores the commit of step 6 and fits on alone."""
+import cloudpickle
+import pytest
+
+from hvdsync import elastic_launch
+from hvdsync.core.sharding import ShardPlan
+from tests.parallel import elastic_jobs, keras_elastic_checks
+
+cloudpickle.register_pickle_by_value(keras_elastic_checks)
+HOSTS = elastic_jobs.HOSTS
+pytestmark = pytest.mark.skipif(len(HOSTS) < 2, reason="needs 2 local host names")
+
+
+@pytest.fixture(scope="module")
+def lost_worker(tmp_path_factory):
+    cfg = elastic_jobs.config("tensorflow")   # 2 epochs of digits, batch 16 per rank, commit every 2 steps
+    return elastic_launch.run_elastic(keras_elastic_checks.keras_fit, (cfg.to_dict(),), cfg.elastic, 2,
+                                      tmp_path_factory.mktemp("keras-fit"), hosts=HOSTS[:2],
+                                      faults=f"kill@6:{HOSTS[1]}", progress=False)[0]
+
+
+def test_fit_resumes_at_the_committed_epoch_and_sample_on_the_new_world(lost_worker):
+    lost = lost_worker["resets"][0]
+    assert lost["reason"] == "worker lost" and (lost["size_before"], lost["size_after"]) == (2, 1)
+    assert lost["step"] == 7                                   # the first step after the commit of step 6
+    # fit entered twice: at the start, then at epoch 0 after 6 steps of 2 x 16 samples, with 1 worker.
+    assert lost_worker["entries"] == [[0, 0, 2], [0, 6 * 32, 1]]
+
+
+def test_every_step_of_both_epochs_is_trained_once(lost_worker):
+    # 6 steps on 2 workers, then the rest of epoch 0 and all of epoch 1 on 1 worker (16 samples a step): a fit
+    # that stopped epoch 1 after as many batches as the short resumed epoch had would be 11 steps short.
+    alone = ShardPlan(1348, 1, 16)
+    assert lost_worker["steps"] == 6 + alone.steps_per_epoch(6 * 32) + alone.steps_per_epoch() == 164
+    assert lost_worker["epoch"] == 2 and lost_worker["size"] == 1
+    assert lost_worker["accuracy"] >= 0.85
