@@ -1,0 +1,241 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 17 · 十七、与模型架构的协同设计 — Co-design with the model architecture
+#
+# Synchronous data parallelism treats the model as a black box: every rank holds all of it, computes gradients on
+# its share of the batch, and all-reduces every gradient. Three kinds of layers break that picture, and each has a
+# known way out that changes *what* is synchronised rather than *how often*:
+#
+# * **Batch normalisation** normalises with statistics of the batch a rank sees. With small per-rank batches
+#   (large models, large images, many ranks) those statistics are noisy and differ between ranks. A
+#   **synchronised batch norm** all-reduces per-channel `[sum, sum of squares, count]` so every rank normalises with
+#   the statistics of the *global* batch (`hvdsync.torch.SyncBatchNormalization`,
+#   `hvdsync.tensorflow.SyncBatchNormalization`): one small all-reduce per layer per step, in the forward pass.
+# * **Embedding tables** are huge but a step touches a few rows: the gradient is sparse (PyTorch
+#   `nn.Embedding(sparse=True)`, TensorFlow `IndexedSlices`). Densifying it and all-reducing the whole table (Horovod's
+#   `sparse_as_dense`) moves the table every step; **allgathering the touched rows** (indices + values) moves only
+#   what changed. `sync.sparse: dense | allgather` picks one, for your own model, in both frameworks.
+# * **A model that does not fit on one worker** must be split: each worker holds some layers (a pipeline stage) and
+#   activations travel between them. Combined with data parallelism across copies of the pipeline (Horovod process
+#   sets), the bytes moved change from *gradients of all parameters* to *activations at the cut* plus gradients of
+#   half the parameters.
+#
+# We measure all three on real Horovod workers: accuracy with local and synchronised batch norm at small
+# per-rank batches, the bytes of a 100k-row embedding table's gradient both ways, and a model split over a rank pair
+# (and over two pairs, data parallel across them) against plain data parallelism.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from hvdsync import launch
+from hvdsync.config import Config
+from hvdsync.core import sparse
+
+TABLE, DIM, LOOKUPS = 100_000, 16, 300       # the embedding table, and ids looked up per rank per step
+BATCHES, BN_EPOCHS = (2, 16), 1              # per-rank batch sizes for batch norm, epochs over digits
+print(Config.from_dict({"sync": {"sparse": "allgather"}}).sync)
+
+# %% [markdown]
+# ## 1 · The measurements, in three Horovod jobs
+#
+# The worker functions live in hvdsync (`hvdsync.torch.codesign`, `hvdsync.tensorflow.codesign`,
+# `hvdsync.torch.split`); here they are only called. One PyTorch job and one TensorFlow job of 2 workers, and one
+# PyTorch job of 4 workers for the split with data parallelism across pairs.
+
+# %%
+def torch_job(table, dim, lookups, batches, epochs):
+    from hvdsync.torch import codesign, split
+
+    # The split first: it declares its process sets in hvd.init, which must be the first init of the process.
+    return {"split": split.model_split_comparison(hidden=512, global_batches=(32, 512), steps=6),
+            "embedding": codesign.embedding_exchange(table, dim, lookups, steps=4),
+            "bn": codesign.batchnorm_comparison(batches, epochs=epochs)}
+
+
+def tensorflow_job(table, dim, lookups, batches, epochs):
+    from hvdsync.tensorflow import codesign
+
+    return {"embedding": codesign.embedding_exchange(table, dim, lookups, steps=4),
+            "bn": codesign.batchnorm_comparison(batches, epochs=epochs)}
+
+
+def split_job():
+    from hvdsync.torch import split
+
+    return split.model_split_comparison(hidden=512, global_batches=(32, 512), steps=6)
+
+
+start = time.perf_counter()
+args = (TABLE, DIM, LOOKUPS, BATCHES, BN_EPOCHS)
+pt = launch.run(torch_job, args=args, np=2, progress=False)
+tf = launch.run(tensorflow_job, args=args, np=2, progress=False)
+four = launch.run(split_job, np=4, progress=False)
+print(f"3 Horovod jobs (2, 2 and 4 workers) in {time.perf_counter() - start:.0f} s, start-up included")
+
+# %% [markdown]
+# ## 2 · Synchronised against local batch norm at small per-rank batches
+#
+# The same MLP (Linear, batch norm, ReLU, Linear) trained on digits through `fit` with the user's own model, from
+# the same start on the same samples, once with the framework's batch norm and once with hvdsync's synchronised one.
+# With 2 samples per rank, local batch norm normalises every feature over 2 values (each becomes ±1), and its
+# running statistics, used at test time, are the average of such 2-sample statistics on each rank.
+
+# %%
+rows = [r for job in (pt, tf) for r in job[0]["bn"]]
+print("framework  | per rank | global | local BN | sync BN | steps")
+for fw in ("torch", "tensorflow"):
+    for b in BATCHES:
+        local = next(r for r in rows if r["framework"] == fw and r["batch_per_rank"] == b and r["bn"] == "local")
+        sync = next(r for r in rows if r["framework"] == fw and r["batch_per_rank"] == b and r["bn"] == "sync")
+        print(f"{fw:<10} | {b:>8} | {2 * b:>6} | {local['test_accuracy']:>8.4f} | {sync['test_accuracy']:>7.4f} "
+              f"| {local['steps']}")
+    smallest = [r["test_accuracy"] for r in rows if r["framework"] == fw and r["batch_per_rank"] == BATCHES[0]]
+    assert smallest[1] > smallest[0], f"{fw}: at {BATCHES[0]} samples per rank synchronised batch norm does better"
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=True)
+for ax, fw in zip(axes, ("torch", "tensorflow")):
+    for kind, style in (("local", "o--"), ("sync", "s-")):
+        acc = [next(r["test_accuracy"] for r in rows if r["framework"] == fw and r["batch_per_rank"] == b
+                    and r["bn"] == kind) for b in BATCHES]
+        ax.plot(BATCHES, acc, style, label=f"{kind} batch norm")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(BATCHES, [str(b) for b in BATCHES])
+    ax.set_xlabel("samples per rank per step (2 ranks)")
+    ax.set_title(f"{fw}: test accuracy after {BN_EPOCHS} epoch(s)")
+    ax.legend(fontsize=8)
+axes[0].set_ylabel("test accuracy (digits)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 3 · Sparse gradients: allgather the touched rows, or all-reduce the table
+#
+# A 100,000 × 16 table; each rank looks up 300 ids per step (4 per sample, half of them among 50 popular rows, so ids
+# repeat). `sync.sparse: allgather` coalesces the gradient (one row per distinct id), then hands Horovod int32
+# indices and float32 rows; `dense` hands it the whole table. Every tensor handed over is counted
+# (`WireCounter`), and compared with `hvdsync.core.sparse.exchange_formula`. Both ways start from the same model and
+# see the same ids, so their reduced gradients and final parameters must agree.
+
+# %%
+print("framework  | rank | distinct rows/step | bytes allgather | bytes dense | x fewer | max |Δgrad| | ranks equal")
+for fw, job in (("torch", pt), ("tensorflow", tf)):
+    for r in (job[0]["embedding"], job[1]["embedding"]):
+        ag, de = r["modes"]["allgather"], r["modes"]["dense"]
+        print(f"{fw:<10} | {r['rank']:>4} | {str(r['distinct_rows']):>18} | {ag['bytes']:>15,} | {de['bytes']:>11,} "
+              f"| {de['bytes'] / ag['bytes']:>7.0f} | {r['grad_difference']:>10.1e} | "
+              f"{ag['spread'] == 0.0 and de['spread'] == 0.0}")
+        assert ag["bytes"] == r["formula"]["allgather"] and de["bytes"] == r["formula"]["dense"], "counted = formula"
+        assert de["bytes"] / ag["bytes"] >= 50, "the target: at least 50x fewer bytes than the dense all-reduce"
+        assert r["grad_difference"] <= 1e-6 * r["grad_scale"], "the same reduced gradient (float rounding only)"
+        assert ag["spread"] == de["spread"] == 0.0, "identical parameters on every rank"
+
+# %% [markdown]
+# The allgather's advantage shrinks as the world grows: every rank *receives* every other rank's rows, while a ring
+# all-reduce moves about twice the table whatever the number of ranks. `hvdsync.core.sparse.crossover_rows` is the
+# number of distinct rows per rank where the two meet; past it, densifying is cheaper (and it is the only way with
+# codecs that reshape gradients, such as top-k, which the config enforces).
+
+# %%
+ranks = np.array([2, 8, 64, 512])
+rows_per_rank = np.logspace(1, 5, 60)
+measured = pt[0]["embedding"]
+fig, ax = plt.subplots(figsize=(7, 4))
+for w, color in zip(ranks, plt.cm.viridis(np.linspace(0, 0.85, len(ranks)))):
+    ax.plot(rows_per_rank, [(w - 1) * sparse.allgather_bytes(int(r), DIM) for r in rows_per_rank], color=color,
+            label=f"allgather, {w} ranks")
+    ax.axhline(sparse.ring_link_bytes(sparse.dense_bytes(TABLE, DIM), int(w)), color=color, ls=":", lw=0.9)
+    print(f"{w:>4} ranks: allgather moves more than the dense ring above "
+          f"{sparse.crossover_rows(TABLE, DIM, int(w)):,.0f} distinct rows per rank")
+mean_rows = float(np.mean(measured["distinct_rows"]))
+ax.plot([mean_rows], [sparse.allgather_bytes(int(mean_rows), DIM)], "r*", ms=12, label="measured here (2 ranks)")
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlabel("distinct rows touched per rank per step")
+ax.set_ylabel("bytes reaching one rank per step")
+ax.set_title("Embedding gradient: allgather (lines) vs ring all-reduce of the table (dotted)")
+ax.legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 4 · Splitting the model: activations instead of gradients
+#
+# A 4-layer MLP 64 → 512 → 512 → 512 → 10 (564k parameters) cut after the second layer. **Data parallel**: every
+# rank holds all of it and all-reduces all gradients. **Split**: rank 0 holds the first two layers, rank 1 the rest;
+# each step rank 0 sends its activations (batch × 512 floats) to rank 1 and gets their gradient back. With 4
+# workers, two such pairs run data parallel: ranks 0 and 2 (stage 0) and ranks 1 and 3 (stage 1) all-reduce their
+# stage's gradients in their own Horovod process set. Same global batches, same SGD steps: the parameters must end
+# equal to data parallelism's.
+
+# %%
+print("workers | global batch | layout        | bytes/step (rank 0) | of which activations | params/rank | "
+      "s/step | max |θ − θ_dp|")
+table = []
+for job in (pt[0]["split"], four[0]):
+    for row in job["rows"]:
+        for name, key in (("data parallel", "data_parallel"), ("split" if job["size"] == 2 else "split + DP",
+                                                                 "split")):
+            m = row[key]
+            table.append((job["size"], row["global_batch"], name, m))
+            diff = row["param_difference"] if key == "split" else 0.0
+            print(f"{job['size']:>7} | {row['global_batch']:>12} | {name:<13} | {m['bytes_per_step']:>19,.0f} | "
+                  f"{m.get('activation_bytes_per_step', 0):>20,.0f} | {m['params_per_rank']:>11,} | "
+                  f"{m['seconds_per_step']:>6.3f} | {diff:.1e}")
+        assert row["param_difference"] < 1e-5, "the split computes the same steps as data parallelism"
+        assert row["split"]["params_per_rank"] < 0.6 * row["data_parallel"]["params_per_rank"]
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+labels = [f"{w} workers\nbatch {g}\n{name}" for w, g, name, _ in table]
+a1.bar(range(len(table)), [m["bytes_per_step"] / 1e6 for *_, m in table], color="tab:blue",
+       label="handed to Horovod (rank 0)")
+a1.bar(range(len(table)), [m.get("activation_bytes_per_step", 0) / 1e6 for *_, m in table], color="tab:orange",
+       label="of which activations")
+a1.set_xticks(range(len(table)), labels, fontsize=6)
+a1.set_ylabel("MB per step")
+a1.set_title("What moves: gradients of all parameters, or activations")
+a1.legend(fontsize=8)
+a2.bar(range(len(table)), [m["seconds_per_step"] * 1e3 for *_, m in table], color="tab:green")
+a2.set_xticks(range(len(table)), labels, fontsize=6)
+a2.set_ylabel("ms per step (slowest rank, median)")
+a2.set_title("Time per step (2 shared CPU cores: noisy)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## What to take away
+#
+# * **Batch norm couples samples, so it couples ranks.** At 2 samples per rank, local batch norm normalises with
+#   statistics of a handful of samples and each rank keeps its own running statistics; the synchronised layer
+#   normalises with the global batch's, and in this run it kept the accuracy that local batch norm lost at the
+#   smallest batches (section 2). At 16 samples per rank the two are alike, and the synchronised one only adds an
+#   all-reduce per layer per forward pass, on the critical path: use it when per-rank batches are small.
+# * **Sparse gradients want a sparse exchange, until they are not sparse.** For a 100k-row table with a few hundred
+#   rows touched per step, `sync.sparse: allgather` hands Horovod hundreds of times fewer bytes than the dense
+#   all-reduce (counted, equal to the formula), with the same reduced gradient. But a rank receives every other
+#   rank's rows: the gain falls with the world size and the rows touched, and past `crossover_rows` densify. Codecs
+#   that reshape gradients (top-k, PowerSGD) and Adasum need the dense form; the config refuses the combination
+#   instead of crashing mid-run.
+# * **A split trades gradient bytes for activation bytes, and for waiting.** The split halves the parameters a worker
+#   holds and moves batch × width floats at the cut instead of every gradient: fewer bytes at small batches, more as
+#   the batch grows. Without micro-batches the two stages take turns (one idles while the other computes), which is
+#   what pipeline schedules (GPipe, 1F1B) recover. Horovod has no point-to-point send; broadcasts inside a
+#   two-rank process set stand in for it, and process sets (which work with Gloo here) give the data-parallel
+#   groups per stage. The split is a change to the model's code, not a training option: hvdsync measures it
+#   (`hvdsync.torch.split`) rather than offering it as a `sync.mode`.
