@@ -26,16 +26,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-# Enough compute per step (a 64-1024-10 MLP, 512 samples per rank) that a rank's speed, not the all-reduce or
+# Enough compute per step (a 64-1024-10 MLP, 2048 samples per rank) that a rank's speed, not the all-reduce or
 # Python's per-step overhead, decides the step time: what unequal shares can fix.
-SAMPLES = 16384
+SAMPLES = 65536
 
 
 def config(framework: str, epochs: int, **data):
     from hvdsync.config import Config
 
     return Config.from_dict({
-        "data": {"dataset": "synthetic", "synthetic_samples": SAMPLES, "batch_size": 512, **data},
+        "data": {"dataset": "synthetic", "synthetic_samples": SAMPLES, "batch_size": 2048, **data},
         "train": {"framework": framework, "epochs": epochs, "hidden": 1024, "lr": 0.05},
         "tracking": {"enabled": False}, "monitor": {"every": 0}})
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfgs += [config(args.framework, 6), config(args.framework, 6, batch_growth=growth)]
     results = train_many(cfgs)
 
-    print(f"{args.framework}, 2 workers, MLP 64-1024-10 on {SAMPLES} synthetic samples, batch 512 per rank, {args.epochs} epochs\n")
+    print(f"{args.framework}, 2 workers, MLP 64-1024-10 on {SAMPLES} synthetic samples, batch 2048 per rank, {args.epochs} epochs\n")
     print(f"{'run':<28} {'epoch s (1..)':>13} {'samples/rank (last epoch)':>26} {'shares (last)':>16} {'equal params':>12}")
     out: dict = {"framework": args.framework, "runs": []}
     for name, r in zip(names, results):

@@ -34,7 +34,8 @@
 #   the useful batch grows during training as the gradient noise scale grows. A larger batch means fewer steps per
 #   epoch, hence fewer all-reduces. The learning rate follows by `train.growth_lr` (`sqrt` by default, or `linear`).
 #
-# Both run on 2 Horovod workers below, with rank 1 made 2x slower by the *test-only* `data.test_slow_rank` /
+# Both run on 2 Horovod workers below (a wide batch of 2,048 per rank, so that computing, not the all-reduce,
+# fills a step), with rank 1 made 2x slower by the *test-only* `data.test_slow_rank` /
 # `data.test_slowdown` (it keeps its CPU busy as long again after each forward and backward pass, like a processor at
 # half speed).
 
@@ -49,7 +50,7 @@ from hvdsync.config import Config
 from hvdsync.core.sharding import ShardPlan
 
 base = Config.from_dict({
-    "data": {"dataset": "synthetic", "synthetic_samples": 16384, "batch_size": 512},
+    "data": {"dataset": "synthetic", "synthetic_samples": 65536, "batch_size": 2048},
     "train": {"np": 2, "epochs": 4, "hidden": 1024, "lr": 0.05},
     "tracking": {"enabled": False}, "monitor": {"every": 0}})
 slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
@@ -229,8 +230,10 @@ plt.show()
 # * **Lock-step pays for its slowest rank at every step.** With equal shares a rank at half speed sets the pace of
 #   both. Re-dividing each global step by measured throughput (`data.shares: adaptive`) moves samples to the fast
 #   rank; the epoch times above show what it bought on this machine (the target is at least 25% lower with one rank
-#   2x slower; on a machine shared with other jobs the measurement is noisy, and `python benchmarks/shares.py`
-#   repeats it side by side).
+#   2x slower). Where the two ranks share oversubscribed cores, moving work from the busy rank to the other one
+#   saves only the CPU time the slow rank wasted (about 1.5 vs 1.33 units here, ~11%); with a core (or device) per
+#   rank the step time is the slowest rank's, and 2/3 vs 1/3 shares save a third. `python benchmarks/shares.py`
+#   repeats the measurement side by side.
 # * **The guarantees do not move.** The same global step is cut differently: every sample was counted exactly once
 #   per epoch, every rank ran the same steps, both ranks ended with identical parameters, and because each rank's
 #   summed loss is scaled by the global count the unequal pieces still average to the global-batch gradient.
