@@ -34,6 +34,7 @@ from hvdsync.core import ring
 from hvdsync.core.schemes import gossip, local_sgd
 from hvdsync.core.schemes.ps import push_splits, server_count
 from hvdsync.torch.compression import CodecCompressor, SkipSynchronize
+from hvdsync.torch.sparse import densify
 
 
 def _options(optimizer: torch.optim.Optimizer) -> dict:
@@ -261,7 +262,8 @@ class ParameterServerOptimizer(SchemeOptimizer):
         self._current()
         pieces, ctx = [], []
         for p in self.params:
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            # densify: an embedding's sparse gradient (sync.sparse is dense with this mode) travels as the table
+            g = densify(p.grad) if p.grad is not None else torch.zeros_like(p)
             wire, c = self.codec.compress(g.detach().reshape(-1))
             pieces.append(wire)
             ctx.append(c)
@@ -411,6 +413,7 @@ class LocalSGDOptimizer(SchemeOptimizer):
         for p in self.params:
             if p.grad is None:  # a parameter the loss did not touch still joins the all-reduce (as zeros)
                 p.grad = torch.zeros_like(p)
+            p.grad = densify(p.grad)  # an embedding's sparse gradient is all-reduced as the table (sync.sparse dense)
         grads = [p.grad for p in self.params]
         self._scatter(self._allreduce_average(grads, "hvdsync.local_sgd.gradients"), grads)
 

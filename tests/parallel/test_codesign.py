@@ -75,3 +75,13 @@ def test_sync_batch_norm_takes_the_global_batch_statistics_and_local_does_not(ch
     # local batch norm leaves each rank with its own statistics; synchronised, both hold the same
     assert np.abs(np.subtract(ranks[0]["local"]["mean"], ranks[1]["local"]["mean"])).max() > 0.1
     assert ranks[0]["sync"] == ranks[1]["sync"]
+
+
+def test_the_other_paths_take_sparse_gradients(checks):
+    other = [r["other"] for r in checks["ranks"]]
+    if checks["framework"] == "torch":   # densified for the parameter server, local SGD and a reducing codec
+        assert len(other[0]) == 4 and all(spread == 0.0 for spread in other[0].values()), other[0]
+    else:   # Keras compile/fit with sync.sparse allgather: the same ids, the same bytes as the hand-written loop
+        for r, o in zip(checks["ranks"], other):
+            assert o["spread"] == 0.0 and o["dtypes"] == ["float32", "int32"]
+            assert o["bytes"] == r["none"]["modes"]["allgather"]["bytes"]
