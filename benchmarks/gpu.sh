@@ -25,12 +25,7 @@ say() { printf '[gpu] %s %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L || { say "error: no nvidia-smi: this script needs an NVIDIA GPU and its driver"; exit 2; }
 
-# Horovod 0.28.1 relies on headers that GCC >= 13 no longer includes transitively (<string>, <stdexcept>, <cstdint>):
-# without these its core fails to compile ("'string' in namespace 'std' does not name a type").
-if [ "$(c++ -dumpversion 2>/dev/null | cut -d. -f1)" -ge 13 ] 2>/dev/null && [ -z "${CXXFLAGS:-}" ]; then
-  export CXXFLAGS="-include cstdint -include string -include stdexcept"
-  say "GCC >= 13: CXXFLAGS=$CXXFLAGS"
-fi
+# GCC >= 13: scripts/build_horovod.sh adds the includes Horovod 0.28.1 lacks (its comment says which and why).
 
 start=$(date +%s)
 say "installing (Horovod with NCCL; a cold build takes minutes, a cached wheel seconds)"

@@ -135,7 +135,18 @@ cxx="$(${CXX:-c++} -dumpfullversion 2>/dev/null || echo unknown)"
 # only, so adding one leaves Gloo-only wheels (and their cache) as they are.
 patches=("$patch_dir"/*.patch)
 [ "$gpu" != cpu ] && patches+=("$patch_dir"/gpu/*.patch)
-fix_sum="$( (cat "${patches[@]}"; echo "recipe $RECIPE") | sha256sum | cut -c1-12)"
+# GCC >= 13's standard headers no longer include <string>, <stdexcept> and <cstdint> from one another, and 0.28.1
+# relies on that ("'string' in namespace 'std' does not name a type" in horovod/common/group_table.h, "'logic_error'
+# is not a member of 'std'" in common.h). Forcing the three headers into every C++ file is what built 0.28.1 with
+# GCC 13.3 (benchmarks/results/gpu-h200-2026-11-30.md); a patch adding the includes file by file could not be
+# checked against GCC 13 where it was written. Only GCC >= 13 gets the flags, and only its key names them: a GCC 12
+# build (whose key holds its compiler version) keeps its key and its cached wheel.
+gcc13_includes=""
+if [ "${cxx%%.*}" -ge 13 ] 2>/dev/null && ${CXX:-c++} --version 2>/dev/null | grep -qiE "gcc|g\+\+"; then
+  gcc13_includes="-include cstdint -include string -include stdexcept"
+fi
+fix_sum="$( (cat "${patches[@]}"; echo "recipe $RECIPE"; [ -z "$gcc13_includes" ] || echo "$gcc13_includes") \
+           | sha256sum | cut -c1-12)"
 key="horovod${HOROVOD_VERSION}-${versions}-${gpu}-gcc${cxx}-fixes${fix_sum}"
 key_dir="$cache_root/$(printf '%s' "$key" | sha256sum | cut -c1-16)"
 if [ "${1:-}" = "--print-key" ]; then printf '%s\n%s\n' "$key" "$key_dir"; exit 0; fi
@@ -168,6 +179,10 @@ if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" = 1 ] || [ -z "$wheel" ]; then
   # CMake 4 refuses third_party/gloo's cmake_minimum_required(2.8.12); this lets it configure (see notes).
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
   export MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
+  if [ -n "$gcc13_includes" ]; then
+    export CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }$gcc13_includes"
+    say "GCC $cxx: CXXFLAGS=$CXXFLAGS (headers 0.28.1 expects other headers to include)"
+  fi
   if [ "$gpu" != cpu ]; then
     say "CUDA and NCCL found ($gpu): building with HOROVOD_GPU_OPERATIONS=NCCL"
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$nccl_home"
