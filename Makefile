@@ -24,6 +24,7 @@ lab: install
 bench: install
 	$(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/compression.py
+	$(PY) benchmarks/training.py --json benchmarks/results/training.json --md benchmarks/results/training.md
 
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"

@@ -67,6 +67,7 @@ class Variant:
         wait: ``spin`` (``hvd.synchronize``: Horovod's C++ wait loop, which spins on ``sched_yield``) or
             ``sleep`` (poll, ``time.sleep(poll_us)`` between polls, then ``synchronize``).
         compute: matmuls before the allreduce inside the timed region (a training-like step; see :func:`measure`).
+        dtype: ``float32`` or ``float16`` (what fp16 compression hands over: the same elements, half the bytes).
     """
 
     name: str
@@ -82,6 +83,7 @@ class Variant:
     wait: str = "spin"
     poll_us: float = 50.0
     compute: int = 0
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         self.label = self.label or self.name
@@ -98,7 +100,7 @@ class Variant:
 
 # ---- the loop every rank runs ------------------------------------------------------------------------------------
 def measure(allreduce: Callable, barrier: Callable, rank: int, world: int, sizes_mb: list[float], iters: int,
-            warmup: int, op: str, compute: int = 0) -> dict:
+            warmup: int, op: str, compute: int = 0, dtype: str = "float32") -> dict:
     """Time ``allreduce(buf)`` (returns the reduced tensor) per size.
 
     With ``compute`` > 0 the timed region is a training-like step instead: ``compute`` 256x256 matmuls (about half a
@@ -110,8 +112,9 @@ def measure(allreduce: Callable, barrier: Callable, rank: int, world: int, sizes
     (Horovod's background thread, Gloo's, a waiting thread that spins), so it shows what a wait costs the cores.
 
     Rank r holds ``(i % 7) + r + 1`` at element i: small integers, so the sum and the average (halves, for 2
-    ranks) are exact in float32 and the check can ask for equality; a reduction that mixes up positions or ranks,
-    forgets the average, or leaves a piece unreduced is caught.
+    ranks) are exact in float32 (and float16) and the check can ask for equality; a reduction that mixes up positions
+    or ranks, forgets the average, or leaves a piece unreduced is caught. A size is always ``size`` MiB of float32
+    *elements*, so float16 moves half the bytes of the same gradient.
     """
     import torch
 
@@ -124,7 +127,7 @@ def measure(allreduce: Callable, barrier: Callable, rank: int, world: int, sizes
     for size in sizes_mb:
         key = f"{size:g}"
         n = max(world, int(size * MB) // 4)
-        pattern = (torch.arange(n, dtype=torch.int64) % 7).to(torch.float32)
+        pattern = (torch.arange(n, dtype=torch.int64) % 7).to(getattr(torch, dtype))
         src = pattern + float(rank + 1)
         expected = pattern * world + float(world * (world + 1) // 2)
         if op == "average":
@@ -212,7 +215,7 @@ def _horovod_worker(spec: dict, sizes_mb, iters, warmup, op, idle_s=0.0) -> dict
 
     hvd.barrier()
     idle = idle_cpu(idle_s)
-    got = measure(allreduce, hvd.barrier, hvd.rank(), hvd.size(), sizes_mb, iters, warmup, op, v.compute)
+    got = measure(allreduce, hvd.barrier, hvd.rank(), hvd.size(), sizes_mb, iters, warmup, op, v.compute, v.dtype)
     hvd.shutdown()
     return {**got, "seen": seen, "idle_cpu": idle}
 
@@ -259,7 +262,7 @@ def _torch_worker(rank: int, world: int, port: int, spec: dict, sizes_mb, iters,
 
     dist.barrier()
     idle = idle_cpu(idle_s)
-    got = measure(allreduce, dist.barrier, rank, world, sizes_mb, iters, warmup, op, v.compute)
+    got = measure(allreduce, dist.barrier, rank, world, sizes_mb, iters, warmup, op, v.compute, v.dtype)
     dist.destroy_process_group()
     seen = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME"), "torch_threads": torch.get_num_threads()}
     return {**got, "seen": seen, "idle_cpu": idle}

@@ -5,6 +5,7 @@
     python benchmarks/knobs.py --part multi       # 256 tensors per step (like a model's gradients): fusion, cycle
     python benchmarks/knobs.py --part step        # matmuls then 64 allreduces, timed as a whole: cycle, wait
     python benchmarks/knobs.py --part timeline    # Horovod's own timeline: negotiation, Gloo ring, copies
+    python benchmarks/knobs.py --part dtype       # float16 against float32, the same elements (fp16 compression)
     python benchmarks/knobs.py --json knobs.json  # every figure as JSON
 
 Each configuration is its own pair of workers started by :func:`hvdsync.launch.run` (the knobs set in the worker
@@ -103,6 +104,17 @@ def timeline(folder: str) -> list[harness.Variant]:
     ]
 
 
+def dtypes() -> list[harness.Variant]:
+    """The same number of elements as float32 and as float16 (what fp16 compression hands Horovod), Horovod and
+    torch.distributed: half the bytes, but each side must add float16 numbers on the CPU."""
+    return [
+        _v("d_fp32", "hvdsync, float32, in place", call="allreduce_"),
+        _v("d_fp16", "hvdsync, float16, in place", call="allreduce_", dtype="float16"),
+        harness.Variant("torch", "torch.distributed, float32", backend="torch"),
+        harness.Variant("torch_fp16", "torch.distributed, float16", backend="torch", dtype="float16"),
+    ]
+
+
 def timeline_report(variants, warmup: int) -> str:
     """Median ms per activity and size, from the last round's timeline of each Horovod variant."""
     lines = ["Horovod timeline (rank 0, last round, warm-up dropped), median ms:"]
@@ -139,6 +151,7 @@ PARTS = {
     "step": (lambda a, tmp: step(64, a.compute), "1,16",
              "{compute} matmuls, then 64 tensors (size = their total); the whole step is timed"),
     "timeline": (lambda a, tmp: timeline(tmp), "16,64", "one tensor per allreduce, HOROVOD_TIMELINE on"),
+    "dtype": (lambda a, tmp: dtypes(), "4,16,64", "float16 vs float32, the same elements (size = as float32)"),
 }
 
 

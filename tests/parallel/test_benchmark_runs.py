@@ -79,3 +79,60 @@ def test_a_wrong_reduction_fails_the_run(variant):
     proc = _bench("--variants", variant, "--inject-error")
     assert proc.returncode != 0
     assert "allreduce is wrong" in proc.stdout + proc.stderr
+
+
+# ---- benchmarks/training.py: step time side by side, parameters checked against one process ----------------------
+TRAINING = ROOT / "benchmarks" / "training.py"
+
+
+def _training(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
+    out, md = tmp_path / "training.json", tmp_path / "training.md"
+    proc = subprocess.run([sys.executable, str(TRAINING), "--quick", "--json", str(out), "--md", str(md), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text()), md.read_text()
+
+
+@pytest.fixture(scope="module")
+def torch_training(tmp_path_factory):
+    # One run for all torch assertions: every step-table contender, with DDP deliberately skipping its all-reduce
+    # (the test-only --wrong switch): it is then faster than it should be, and must be reported wrong, not fast.
+    return _training(tmp_path_factory.mktemp("training"), "--framework", "torch", "--model", "mlp", "--no-knobs",
+                     "--wrong", "ddp")
+
+
+def test_training_table_has_every_torch_contender_and_checks_their_parameters(torch_training):
+    proc, doc, md = torch_training
+    rows = doc["blocks"]["torch mlp"]["rows"]
+    assert set(rows) == {"single", "single_2t", "fit", "api", "raw", "ddp"}
+    for name, row in rows.items():
+        assert row["checked"] and row["n"] == doc["blocks"]["torch mlp"]["work"]["steps"], (name, row)
+        assert math.isfinite(row["median_ms"]) and row["median_ms"] > 0, name
+        assert row["label"] in proc.stdout and row["label"] in md, name
+    # Two workers averaging their halves end where one process on the whole batch does, up to float rounding.
+    for name in ("single_2t", "fit", "api", "raw"):
+        assert rows[name]["correct"] and rows[name]["relative_error"] < 1e-4, (name, rows[name])
+        assert rows[name]["rank_spread"] == 0.0, name
+    ratios = doc["blocks"]["torch mlp"]["ratios"]
+    assert ratios["fit/raw"]["ratio"] > 0 and ratios["api/raw"]["ratio"] > 0
+    assert rows["api"]["bytes_per_step"] == 4 * doc["blocks"]["torch mlp"]["numel"]  # float32, every parameter
+
+
+def test_a_contender_that_skips_its_allreduce_is_reported_wrong_not_fast(torch_training):
+    proc, doc, md = torch_training
+    row = doc["blocks"]["torch mlp"]["rows"]["ddp"]
+    assert row["checked"] and not row["correct"] and row["relative_error"] > 0.1
+    assert not any(k.startswith("ddp/") or k.endswith("/ddp") for k in doc["blocks"]["torch mlp"]["ratios"])
+    assert "WRONG" in proc.stdout and "WRONG" in md
+    assert proc.returncode == 3 and "torch mlp: ddp" in proc.stderr
+
+
+def test_training_tensorflow_contenders_match_one_process(tmp_path):
+    proc, doc, md = _training(tmp_path, "--framework", "tensorflow", "--model", "cnn", "--no-knobs",
+                              "--only", "api,raw,mwms", "--wrong", "raw")
+    rows = doc["blocks"]["tensorflow cnn"]["rows"]
+    assert set(rows) == {"single", "api", "raw", "mwms"}
+    assert rows["api"]["correct"] and rows["api"]["relative_error"] < 1e-4
+    assert rows["mwms"]["correct"] or "error" in rows["mwms"], rows["mwms"]  # MWMS: reported either way
+    assert rows["raw"]["checked"] and not rows["raw"]["correct"]
+    assert proc.returncode == 3
