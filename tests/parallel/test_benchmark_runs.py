@@ -88,7 +88,7 @@ TRAINING = ROOT / "benchmarks" / "training.py"
 def _training(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
     out, md = tmp_path / "training.json", tmp_path / "training.md"
     proc = subprocess.run([sys.executable, str(TRAINING), "--quick", "--json", str(out), "--md", str(md), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text()), md.read_text()
 
@@ -98,19 +98,21 @@ def torch_training(tmp_path_factory):
     # One run for all torch assertions: every step-table contender, with DDP deliberately skipping its all-reduce
     # (the test-only --wrong switch): it is then faster than it should be, and must be reported wrong, not fast.
     return _training(tmp_path_factory.mktemp("training"), "--framework", "torch", "--model", "mlp", "--no-knobs",
-                     "--wrong", "ddp")
+                     "--only", "fit,api,raw,ddp", "--wrong", "ddp")
 
 
+# Each run starts 4-5 jobs of workers: ~40 s on a quiet machine, many minutes on a loaded one (setup included).
+@pytest.mark.timeout(1500)
 def test_training_table_has_every_torch_contender_and_checks_their_parameters(torch_training):
     proc, doc, md = torch_training
     rows = doc["blocks"]["torch mlp"]["rows"]
-    assert set(rows) == {"single", "single_2t", "fit", "api", "raw", "ddp"}
+    assert set(rows) == {"single", "fit", "api", "raw", "ddp"}
     for name, row in rows.items():
         assert row["checked"] and row["n"] == doc["blocks"]["torch mlp"]["work"]["steps"], (name, row)
         assert math.isfinite(row["median_ms"]) and row["median_ms"] > 0, name
         assert row["label"] in proc.stdout and row["label"] in md, name
     # Two workers averaging their halves end where one process on the whole batch does, up to float rounding.
-    for name in ("single_2t", "fit", "api", "raw"):
+    for name in ("fit", "api", "raw"):
         assert rows[name]["correct"] and rows[name]["relative_error"] < 1e-4, (name, rows[name])
         assert rows[name]["rank_spread"] == 0.0, name
     ratios = doc["blocks"]["torch mlp"]["ratios"]
@@ -118,6 +120,7 @@ def test_training_table_has_every_torch_contender_and_checks_their_parameters(to
     assert rows["api"]["bytes_per_step"] == 4 * doc["blocks"]["torch mlp"]["numel"]  # float32, every parameter
 
 
+@pytest.mark.timeout(1500)
 def test_a_contender_that_skips_its_allreduce_is_reported_wrong_not_fast(torch_training):
     proc, doc, md = torch_training
     row = doc["blocks"]["torch mlp"]["rows"]["ddp"]
@@ -127,12 +130,13 @@ def test_a_contender_that_skips_its_allreduce_is_reported_wrong_not_fast(torch_t
     assert proc.returncode == 3 and "torch mlp: ddp" in proc.stderr
 
 
+@pytest.mark.timeout(1500)
 def test_training_tensorflow_contenders_match_one_process(tmp_path):
     proc, doc, md = _training(tmp_path, "--framework", "tensorflow", "--model", "cnn", "--no-knobs",
                               "--only", "api,raw,mwms", "--wrong", "raw")
     rows = doc["blocks"]["tensorflow cnn"]["rows"]
     assert set(rows) == {"single", "api", "raw", "mwms"}
     assert rows["api"]["correct"] and rows["api"]["relative_error"] < 1e-4
-    assert rows["mwms"]["correct"] or "error" in rows["mwms"], rows["mwms"]  # MWMS: reported either way
+    assert rows["mwms"]["correct"] and rows["mwms"]["relative_error"] < 1e-4, rows["mwms"]
     assert rows["raw"]["checked"] and not rows["raw"]["correct"]
     assert proc.returncode == 3
