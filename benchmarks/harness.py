@@ -274,30 +274,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_processes(commands: list[list[str]], env: dict, timeout: float, what: str) -> list[str]:
+    """Start one process per command, wait for all (``timeout`` seconds in all), return their output; raise with
+    the output's tail if any failed. On a timeout or an error, kills the ones still running (ours only)."""
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd in commands]
+    deadline, logs = time.monotonic() + timeout, []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{what} workers failed:\n" + "\n".join(logs)[-4000:])
+    return logs
+
+
 def _run_torch(v: Variant, sizes_mb, iters, warmup, op, np, env, idle_s, timeout: float = 1800) -> list[dict]:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="hvdsync-bench-") as tmp:
         # Gloo picks its interface from the hostname unless told; Horovod's launcher gives its workers lo.
         child_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", **v.env, **env}
-        procs, outs = [], []
-        for rank in range(np):
-            out = Path(tmp) / f"rank{rank}.json"
-            job = json.dumps({"rank": rank, "world": np, "port": port, "spec": asdict(v), "sizes_mb": sizes_mb,
-                              "iters": iters, "warmup": warmup, "op": op, "idle_s": idle_s})
-            procs.append(subprocess.Popen([sys.executable, __file__, "torch-worker", job, str(out)], env=child_env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-            outs.append(out)
-        deadline, logs = time.monotonic() + timeout, []
-        try:
-            for p in procs:
-                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        finally:
-            for p in procs:  # our own children only, and only those still running
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if any(p.returncode for p in procs):
-            raise RuntimeError("torch.distributed workers failed:\n" + "\n".join(logs)[-4000:])
+        outs = [Path(tmp) / f"rank{rank}.json" for rank in range(np)]
+        jobs = [json.dumps({"rank": rank, "world": np, "port": port, "spec": asdict(v), "sizes_mb": sizes_mb,
+                            "iters": iters, "warmup": warmup, "op": op, "idle_s": idle_s}) for rank in range(np)]
+        run_processes([[sys.executable, __file__, "torch-worker", job, str(out)] for job, out in zip(jobs, outs)],
+                      child_env, timeout, "torch.distributed")
         return [json.loads(o.read_text()) for o in outs]
 
 

@@ -119,3 +119,35 @@ def timed_steps(step, batches: list, warmup: int) -> list[float]:
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times
+
+
+def step_clock(warmup: int, times: list, params: list):
+    """A :class:`hvdsync.core.loop.Callback` for ``fit``: the seconds of each step after ``warmup`` into ``times``,
+    the final parameters into ``params``. It runs after hvdsync's own per-step observer, so the figure includes what
+    ``fit`` adds to a step."""
+    from hvdsync.core.loop import Callback
+
+    class Clock(Callback):
+        def on_step_begin(self, ctx):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, ctx):
+            if ctx.global_step > warmup:
+                times.append(time.perf_counter() - self.t0)
+
+        def on_train_end(self, ctx):
+            params.extend(ctx.backend.parameters())
+
+    return Clock()
+
+
+def fit_config(spec: Spec, work: Work):
+    """The :class:`hvdsync.config.Config` under which ``fit`` does the same work: the per-rank half of the global
+    batch, no shuffling, one epoch, plain SGD at ``work.lr`` (not scaled), no tracking."""
+    from hvdsync.config import Config
+
+    return Config.from_dict({
+        "sync": spec.sync or {}, "tracking": {"enabled": False},
+        "data": {"batch_size": work.global_batch // spec.world, "shuffle": False},
+        "train": {"framework": spec.framework, "np": spec.world, "epochs": 1, "lr": work.lr, "lr_scaling": "none",
+                  "optimizer": "sgd", "momentum": 0.0}})

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 
-from step_common import Spec, Work, data, fingerprint, plan, start_values, timed_steps, wrong
+from step_common import (Spec, Work, data, fingerprint, fit_config, plan, start_values, step_clock,
+                         timed_steps, wrong)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -194,33 +195,12 @@ def _api(spec: Spec, work: Work) -> dict:
 
 
 def _fit(spec: Spec, work: Work) -> dict:
-    import time
-
     import hvdsync.tensorflow as hs
-    from hvdsync.config import Config
     from hvdsync.core.data import Dataset
-    from hvdsync.core.loop import Callback
 
     x, y = data(work)
-    cfg = Config.from_dict({
-        "sync": spec.sync or {}, "tracking": {"enabled": False},
-        "data": {"batch_size": work.global_batch // spec.world, "shuffle": False},
-        "train": {"framework": "tensorflow", "np": spec.world, "epochs": 1, "lr": work.lr, "lr_scaling": "none",
-                  "optimizer": "sgd", "momentum": 0.0}})
+    cfg = fit_config(spec, work)
     times, params = [], []
-
-    class Clock(Callback):
-        # Runs after hvdsync's own per-step observer, so the figure includes what fit adds to a step.
-        def on_step_begin(self, ctx):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, ctx):
-            if ctx.global_step > work.warmup:
-                times.append(time.perf_counter() - self.t0)
-
-        def on_train_end(self, ctx):
-            params.extend(ctx.backend.parameters())
-
     # hvdsync's init sets the threads before TensorFlow's first op; the model is built after it (fit calls init
     # again, which keeps what is set).
     hs.init(cfg)
@@ -228,5 +208,6 @@ def _fit(spec: Spec, work: Work) -> dict:
 
     m = model(work)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    hs.fit(cfg, data=Dataset(x, y, x[:8], y[:8], work.classes), model=m, loss=loss, callbacks=[Clock()])
+    hs.fit(cfg, data=Dataset(x, y, x[:8], y[:8], work.classes), model=m, loss=loss,
+           callbacks=[step_clock(work.warmup, times, params)])
     return {"times": times, "fingerprint": fingerprint(params), "threads": spec.threads}

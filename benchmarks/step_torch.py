@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from step_common import Spec, Work, data, fingerprint, plan, start_values, timed_steps, wrong
+from step_common import (Spec, Work, data, fingerprint, fit_config, plan, start_values, step_clock,
+                         timed_steps, wrong)
 
 
 def model(work: Work) -> nn.Module:
@@ -140,32 +141,13 @@ def _api(spec: Spec, work: Work, knobs: dict) -> dict:
 
 
 def _fit(spec: Spec, work: Work, knobs: dict) -> dict:
-    import time
-
     import hvdsync.torch as hs
-    from hvdsync.config import Config
     from hvdsync.core.data import Dataset
 
     x, y = data(work)
-    cfg = Config.from_dict({
-        "sync": spec.sync or {}, "tracking": {"enabled": False},
-        "data": {"batch_size": work.global_batch // spec.world, "shuffle": False},
-        "train": {"framework": "torch", "np": spec.world, "epochs": 1, "lr": work.lr, "lr_scaling": "none",
-                  "optimizer": "sgd", "momentum": 0.0}})
+    cfg = fit_config(spec, work)
     times, params = [], []
-
-    class Clock(hs.Callback):
-        # Runs after hvdsync's own per-step observer, so the figure includes what fit adds to a step.
-        def on_step_begin(self, ctx):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, ctx):
-            if ctx.global_step > work.warmup:
-                times.append(time.perf_counter() - self.t0)
-
-        def on_train_end(self, ctx):
-            params.extend(ctx.backend.parameters())
-
     m = model(work)
-    hs.fit(cfg, data=Dataset(x, y, x[:8], y[:8], work.classes), model=m, loss=F.cross_entropy, callbacks=[Clock()])
+    hs.fit(cfg, data=Dataset(x, y, x[:8], y[:8], work.classes), model=m, loss=F.cross_entropy,
+           callbacks=[step_clock(work.warmup, times, params)])
     return {"times": times, "fingerprint": fingerprint(params), "threads": torch.get_num_threads(), "knobs": knobs}

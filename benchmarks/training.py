@@ -29,7 +29,6 @@ import json
 import os
 import pickle
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -123,7 +122,7 @@ def run_horovod(con: Contender, env: dict) -> list[dict]:
 
 
 def run_plain(con: Contender, env: dict, timeout: float = 1800) -> list[dict]:
-    from harness import _free_port
+    from harness import _free_port, run_processes
 
     port = _free_port()
     if con.spec.kind == "mwms":  # TF_CONFIG needs one address per worker: two consecutive ports, the second checked
@@ -132,24 +131,11 @@ def run_plain(con: Contender, env: dict, timeout: float = 1800) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="hvdsync-bench-") as tmp:
         child_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TF_CPP_MIN_LOG_LEVEL": "2", **_worker_env(None),
                      **(con.env or {}), **env}
-        procs, outs = [], []
-        for rank in range(con.spec.world):
-            out = Path(tmp) / f"rank{rank}.pkl"
-            job = json.dumps({"spec": con.spec.to_dict(), "rank": rank, "world": con.spec.world, "port": port})
-            procs.append(subprocess.Popen([sys.executable, __file__, "worker", job, str(out)], env=child_env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-            outs.append(out)
-        deadline, logs = time.monotonic() + timeout, []
-        try:
-            for p in procs:
-                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        finally:
-            for p in procs:  # our own children only, and only those still running
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if any(p.returncode for p in procs):
-            raise RuntimeError(f"{con.spec.name} workers failed:\n" + "\n".join(logs)[-4000:])
+        outs = [Path(tmp) / f"rank{rank}.pkl" for rank in range(con.spec.world)]
+        jobs = [json.dumps({"spec": con.spec.to_dict(), "rank": rank, "world": con.spec.world, "port": port})
+                for rank in range(con.spec.world)]
+        run_processes([[sys.executable, __file__, "worker", job, str(out)] for job, out in zip(jobs, outs)],
+                      child_env, timeout, con.spec.name)
         return [pickle.loads(o.read_bytes()) for o in outs]
 
 
