@@ -401,6 +401,17 @@ class LocalSGDOptimizer(SchemeOptimizer):
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))
                 offset += t.numel()
 
+    def state_dict(self) -> dict:
+        # The step count places a resumed run on the schedule (warm-up done or not, when the next averaging is).
+        return {**self.optimizer.state_dict(), "hvdsync_local_sgd": {"steps": self.steps}}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        own = state.pop("hvdsync_local_sgd", None)
+        if own is not None:
+            self.steps = int(own["steps"])
+        self.optimizer.load_state_dict(state)
+
     def average(self) -> None:
         """Replace the parameters and optimizer state by their average over ranks (one all-reduce)."""
         tensors = self.params + self._state_tensors()

@@ -38,7 +38,13 @@ def _user_loop_torch(steps=12, period=4):
                          [opt.optimizer.state[p]["exp_avg"].reshape(-1) for p in model.parameters()])
         gathered = hvd.allgather(flat.reshape(1, -1), name="check.user")
         equal.append(bool(torch.equal(gathered[0], gathered[1])))
-    return {"rounds": opt.rounds, "equal": equal}
+    # The step count travels with the optimizer's state: a fresh optimizer loaded from it continues the schedule.
+    fresh = hs.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=0.01), model,
+                                     SyncConfig(mode="local_sgd", period=period))
+    fresh.load_state_dict(opt.state_dict())
+    return {"rounds": opt.rounds, "equal": equal, "resumed_steps": fresh.steps,
+            "resumed_moments_equal": all(torch.equal(fresh.optimizer.state[p]["exp_avg"], opt.optimizer.state[p]["exp_avg"])
+                                         for p in model.parameters())}
 
 
 def run_torch():

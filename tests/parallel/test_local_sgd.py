@@ -64,6 +64,7 @@ def test_the_users_own_path(job):
     assert users[0]["rounds"] == users[1]["rounds"] == 12 // 4
     if "equal" in users[0]:                                            # torch: parameters and Adam's moments
         assert users[0]["equal"] == [t % 4 == 0 for t in range(1, 13)]
+        assert users[0]["resumed_steps"] == 12 and users[0]["resumed_moments_equal"]
     else:                                                              # Keras fit: per-batch fingerprints
         a, b = users[0]["fingerprints"], users[1]["fingerprints"]
         assert [x == y for x, y in zip(a, b)] == [t % 4 == 0 for t in range(1, 13)]
