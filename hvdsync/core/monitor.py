@@ -76,11 +76,14 @@ class Alarms:
         tracker: where the tag and metric go (the no-op tracker on ranks other than 0).
         straggler_ratio: the :func:`straggler` ratio beyond which the slowest rank is a straggler.
         divergence_tolerance: see :func:`diverged_ranks`.
+        check_divergence: False where ranks differ by design between synchronisations (``sync.mode`` local SGD,
+            gossip); the spread is still recorded.
     """
 
     tracker: object
     straggler_ratio: float = 3.0
     divergence_tolerance: float = 0.0
+    check_divergence: bool = True
 
     def __post_init__(self) -> None:
         self.raised: dict[str, dict] = {}
@@ -99,7 +102,7 @@ class Alarms:
         rank 0 starting the run record and its sender), and on a shared machine a rank descheduled for a moment is
         not a straggler."""
         self._checks += 1
-        bad = diverged_ranks(fingerprints, self.divergence_tolerance)
+        bad = diverged_ranks(fingerprints, self.divergence_tolerance) if self.check_divergence else []
         if self._checks > 1:
             work = np.asarray(list(work_seconds), dtype=np.float64)
             if self._window and len(self._window[-1]) != len(work):

@@ -32,6 +32,7 @@ from hvdsync.core import profiling, record, sysmetrics
 from hvdsync.core.loop import Callback
 from hvdsync.core.monitor import Alarms, fingerprint
 from hvdsync.core.profiling import PHASES
+from hvdsync.core.schemes import MODES
 
 # The head of each gathered row; the system-metrics payload follows it.
 ROW = ("loss", "samples", "step_seconds", "work_seconds", *(f"{p}_seconds" for p in PHASES), "grad_norm",
@@ -55,7 +56,10 @@ class Observer(Callback):
     def on_train_begin(self, ctx) -> None:
         self.cfg, self.backend, self.tracker = ctx.cfg, ctx.backend, ctx.tracker
         self.every = self.cfg.monitor.every
-        self.alarms = Alarms(self.tracker, self.cfg.monitor.straggler_ratio, self.cfg.monitor.divergence_tolerance)
+        # Local SGD and gossip let the ranks differ between averagings by design: no divergence alarm for them.
+        lockstep = MODES[getattr(self.cfg.sync, "mode", "allreduce")].lockstep
+        self.alarms = Alarms(self.tracker, self.cfg.monitor.straggler_ratio, self.cfg.monitor.divergence_tolerance,
+                             check_divergence=lockstep)
         self.messages = self.alarms.messages
         sampling = self.cfg.tracking.system_metrics and self.every > 0 and sysmetrics.samples_here()
         self.sampler = sysmetrics.NodeSampler() if sampling else None

@@ -52,3 +52,20 @@ def test_local_sgd_is_allowed_for_both_frameworks_with_accumulation():
         assert (cfg.sync.period, cfg.sync.warmup_steps, cfg.sync.accumulate) == (4, 8, 2)
     with pytest.raises(ConfigError, match="^train.precision: 'fp16' is not allowed with sync.mode 'local_sgd'"):
         Config.from_dict({"sync": {"mode": "local_sgd"}, "train": {"precision": "fp16"}})
+
+
+def test_the_monitor_raises_no_divergence_alarm_for_modes_whose_ranks_differ_by_design():
+    import numpy as np
+
+    from hvdsync.core.monitor import Alarms
+    from hvdsync.core.schemes import MODES
+    from hvdsync.core.tracking import make_tracker
+
+    assert {name: m.lockstep for name, m in MODES.items()} == {
+        "allreduce": True, "ps": True, "gossip": False, "local_sgd": False}
+    apart = np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    tracker = make_tracker(Config.from_dict({"tracking": {"enabled": False}}).tracking, rank=0)
+    quiet = Alarms(tracker, check_divergence=MODES["local_sgd"].lockstep).check(1, apart, [1.0, 1.0])
+    assert quiet["monitor/param_spread"] == 1.0 and "alarm/divergence" not in quiet
+    with pytest.warns(Warning, match="rank 1's parameters differ"):
+        assert Alarms(tracker).check(1, apart, [1.0, 1.0])["alarm/divergence"] == 1.0

@@ -30,6 +30,7 @@ class Mode:
         periodic: whether it accepts ``sync.period`` > 1 (communicate every H steps).
         servers: whether it accepts ``sync.ps_servers``.
         warmup: whether it accepts ``sync.warmup_steps`` (synchronous steps first: post-local SGD).
+        lockstep: whether every rank holds the same parameters after every step (the monitor's divergence check).
     """
 
     name: str
@@ -40,6 +41,7 @@ class Mode:
     periodic: bool = False
     servers: bool = False
     warmup: bool = False
+    lockstep: bool = True
 
     def problem(self, sync: Mapping[str, Any], framework: str, world_size: int, precision: str = "fp32") -> str | None:
         """The first reason these settings cannot run in this mode, as a field-named message, or None."""
@@ -80,12 +82,13 @@ MODES: dict[str, Mode] = {
                servers=True),
     "gossip": Mode("gossip", "decentralised averaging: each rank mixes its parameters with its ring neighbours "
                              "(a parameter exchange, not a gradient codec)", ("torch",), ("average",), ("none",),
-                   periodic=True),
+                   periodic=True, lockstep=False),
     # Parameters, not gradients, are averaged: a gradient codec has nothing to act on, and a sum of parameters is
     # no model. Accumulation is fine: it sums micro-batches inside one step, and steps are what the period counts.
     "local_sgd": Mode("local_sgd", "local SGD: every rank steps on its own gradients and the parameters (with the "
                                    "optimizer state) are averaged every sync.period steps",
-                      ("torch", "tensorflow"), ("average",), ("none",), periodic=True, warmup=True),
+                      ("torch", "tensorflow"), ("average",), ("none",), periodic=True, warmup=True,
+                      lockstep=False),
 }
 
 
