@@ -40,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_BASE = "hvdsync-base:bookworm"
+# Where pip's local folders are served during a build (HVDSYNC_DOCKER_PORT overrides).
+LOCAL_PORT = int(os.environ.get("HVDSYNC_DOCKER_PORT", "47321"))
 # The public bases each Dockerfile defaults to, by build argument (the GPU image builds on CUDA's devel image and
 # runs on its runtime image).
 DEFAULT_BASES = {"cpu": {"BASE_IMAGE": "python:3.11-slim-bookworm"},
@@ -126,10 +128,16 @@ def pip_settings() -> dict[str, str]:
 class LocalServer:
     """Serves local folders over HTTP on 127.0.0.1 while the build runs (pip in the build reaches them there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = LOCAL_PORT) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="hvdsync-docker-srv-"))
         handler = functools.partial(_QuietHandler, directory=str(self.root))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        # A fixed port: its URL is part of the pip build arguments, which are part of the cache key of the dependency
+        # step. A random port would re-run that step (10+ minutes) on every build.
+        try:
+            self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        except OSError:
+            say(f"port {port} is taken: serving pip's local folders on another one (the dependency step re-runs)")
+            self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.count = 0
 
@@ -145,6 +153,7 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
+        self.httpd.server_close()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -132,6 +132,10 @@ def test_build_options_carry_this_machines_pip_settings_as_args_and_secrets(tmp_
         assert "../../files/demo-1.0.tar.gz" in page                # and its relative links still resolve
         assert args["PIP_DEFAULT_TIMEOUT"] == "99"
         assert sorted(secrets) == [f"id=pip_cert,src={cert}", f"id=pip_constraint,src={constraint}"]
+        # The same settings give the same build arguments the next time (they are part of the layer cache's key).
+        port = server.httpd.server_address[1]
+    with build.LocalServer(port) as again:
+        assert build.pip_build_options(again) == options
         assert not any("cert" in o or "constraint" in o for o in options[1::2] if not o.startswith("id="))
 
 
