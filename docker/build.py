@@ -177,7 +177,8 @@ def _as_url(item: str, server: LocalServer, index: bool) -> str:
 def pip_build_options(server: LocalServer) -> list[str]:
     """docker build options carrying pip's settings: --build-arg for URLs, --secret for local files."""
     options: list[str] = []
-    for key, value in pip_settings().items():
+    # Sorted: the served URLs are numbered in this order, and pip lists settings in the environment's order.
+    for key, value in sorted(pip_settings().items()):
         if key in ARG_KEYS:
             items = [_as_url(v, server, index=key.endswith("index-url")) if key != "default-timeout" and
                      key != "trusted-host" else v for v in value.split()]
