@@ -24,7 +24,7 @@
 # divides that load by k; with one shard per rank, the push is exactly a *reduce-scatter* and the pull an
 # *all-gather*, which together are what a ring all-reduce does (notebook 05), with the same bytes per rank.
 #
-# hvdsync builds both from Horovod's collectives (`sync.mode: ps`, `hvdsync/torch/schemes.py`):
+# hvdsync builds both from Horovod's collectives (`sync.mode: ps`, `hvdsync/torch/schemes/ps.py`):
 #
 # * `sync.ps_servers: 0` (every rank owns a shard): `hvd.reducescatter` to push, update at the owner, `hvd.allgather`
 #   to pull;

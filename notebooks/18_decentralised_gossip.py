@@ -29,7 +29,7 @@
 # and a long ring mixes slowly.
 #
 # hvdsync runs it for real (`sync.mode: gossip`, `sync.period: H`) with `hvd.alltoall` to the neighbours
-# (`hvdsync/torch/schemes.py`). With W = 2 both neighbours are the same rank and one mixing is an exact average,
+# (`hvdsync/torch/schemes/gossip.py`). With W = 2 both neighbours are the same rank and one mixing is an exact average,
 # so 4, 8 and 16 ranks come from the numpy simulation of the same algorithm (`hvdsync.core.schemes.sim`), whose
 # one round is checked against the Horovod one at W = 2 in the test suite.
 

@@ -1,5 +1,5 @@
 """``sync.mode`` for TensorFlow/Keras 3: local SGD built from Horovod's collectives (mirrors
-``hvdsync/torch/schemes.py``).
+``hvdsync/torch/schemes/``).
 
 :func:`hvdsync.tensorflow.distributed_optimizer` looks ``sync.mode`` up in :data:`SCHEMES` and, for any mode but
 ``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.optimizer.DistributedOptimizer`.
