@@ -31,3 +31,26 @@ def whole_batches(data, world: int, batch_sizes) -> Any:
     step = world * int(np.lcm.reduce([int(b) for b in batch_sizes]))
     keep = len(data.x_train) - len(data.x_train) % step
     return dataclasses.replace(data, x_train=data.x_train[:keep], y_train=data.y_train[:keep])
+
+
+def compare_local_and_sync(framework: str, data, world: int, batch_sizes, epochs: int, lr: float, seed: int,
+                           train: Callable[[Any, bool], Any]) -> list[dict]:
+    """Local against synchronised batch norm per per-rank batch size, for either adapter's ``batchnorm_comparison``.
+
+    ``train(cfg, synchronised)`` builds the adapter's model (from ``seed``) and returns its ``fit`` result; every run
+    gets the same config but for the batch size, so the two kinds see the same samples and steps. One row per
+    (batch size, kind): test accuracy, seconds, optimizer steps.
+    """
+    from hvdsync.config import Config
+
+    rows = []
+    for batch in batch_sizes:
+        for synchronised in (False, True):
+            cfg = Config.from_dict({"data": {"batch_size": batch}, "tracking": {"enabled": False},
+                                    "monitor": {"every": 0},
+                                    "train": {"epochs": epochs, "lr": lr, "seed": seed, "framework": framework}})
+            result = train(cfg, synchronised)
+            rows.append({"framework": framework, "batch_per_rank": batch, "global_batch": batch * world,
+                         "bn": "sync" if synchronised else "local", "test_accuracy": result.test_accuracy,
+                         "seconds": result.total_seconds, "steps": result.optimizer_steps})
+    return rows

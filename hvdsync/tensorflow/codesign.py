@@ -108,23 +108,16 @@ def batchnorm_statistics(rows: tuple[int, ...] = (5, 3), channels: int = 4, seed
 def batchnorm_comparison(batch_sizes: tuple[int, ...] = (2, 4, 16), epochs: int = 2, hidden: int = 64,
                          lr: float = 0.05, seed: int = 0) -> list[dict]:
     """The same as :func:`hvdsync.torch.codesign.batchnorm_comparison`, through :func:`hvdsync.tensorflow.fit`."""
-    from hvdsync.config import Config
     from hvdsync.core import data as datasets
-    from hvdsync.core.batchnorm import whole_batches
+    from hvdsync.core.batchnorm import compare_local_and_sync, whole_batches
     from hvdsync.tensorflow.train import fit
 
     hvd.init()
     data = whole_batches(datasets.digits(0.25, seed), hvd.size(), batch_sizes)
-    rows = []
-    for batch in batch_sizes:
-        for synchronised in (False, True):
-            cfg = Config.from_dict({"data": {"batch_size": batch}, "tracking": {"enabled": False},
-                                    "monitor": {"every": 0},
-                                    "train": {"epochs": epochs, "lr": lr, "seed": seed, "framework": "tensorflow"}})
-            keras.utils.set_random_seed(seed)
-            model = bn_mlp(data.x_train.shape[1], hidden, data.n_classes, synchronised)
-            result = fit(cfg, data, model=model, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-            rows.append({"framework": "tensorflow", "batch_per_rank": batch, "global_batch": batch * hvd.size(),
-                         "bn": "sync" if synchronised else "local", "test_accuracy": result.test_accuracy,
-                         "seconds": result.total_seconds, "steps": result.optimizer_steps})
-    return rows
+
+    def train(cfg, synchronised: bool):
+        keras.utils.set_random_seed(seed)
+        model = bn_mlp(data.x_train.shape[1], hidden, data.n_classes, synchronised)
+        return fit(cfg, data, model=model, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    return compare_local_and_sync("tensorflow", data, hvd.size(), batch_sizes, epochs, lr, seed, train)

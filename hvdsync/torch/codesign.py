@@ -124,23 +124,16 @@ def batchnorm_comparison(batch_sizes: tuple[int, ...] = (2, 4, 16), epochs: int 
     ``nn.BatchNorm1d`` refuses in training). Returns one row per (batch size, kind) with the test accuracy (each rank
     evaluates its share with its own running statistics; the accuracy is over all ranks' shares) and seconds.
     """
-    from hvdsync.config import Config
     from hvdsync.core import data as datasets
-    from hvdsync.core.batchnorm import whole_batches
+    from hvdsync.core.batchnorm import compare_local_and_sync, whole_batches
     from hvdsync.torch.train import fit
 
     hvd.init()
     data = whole_batches(datasets.digits(0.25, seed), hvd.size(), batch_sizes)
-    rows = []
-    for batch in batch_sizes:
-        for synchronised in (False, True):
-            cfg = Config.from_dict({"data": {"batch_size": batch}, "tracking": {"enabled": False},
-                                    "monitor": {"every": 0},
-                                    "train": {"epochs": epochs, "lr": lr, "seed": seed, "framework": "torch"}})
-            torch.manual_seed(seed)
-            model = bn_mlp(data.x_train.shape[1], hidden, data.n_classes, synchronised)
-            result = fit(cfg, data, model=model, loss=nn.CrossEntropyLoss())
-            rows.append({"framework": "torch", "batch_per_rank": batch, "global_batch": batch * hvd.size(),
-                         "bn": "sync" if synchronised else "local", "test_accuracy": result.test_accuracy,
-                         "seconds": result.total_seconds, "steps": result.optimizer_steps})
-    return rows
+
+    def train(cfg, synchronised: bool):
+        torch.manual_seed(seed)
+        model = bn_mlp(data.x_train.shape[1], hidden, data.n_classes, synchronised)
+        return fit(cfg, data, model=model, loss=nn.CrossEntropyLoss())
+
+    return compare_local_and_sync("torch", data, hvd.size(), batch_sizes, epochs, lr, seed, train)
