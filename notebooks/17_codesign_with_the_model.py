@@ -46,7 +46,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core import sparse
+from hvdsync.core import ring, sparse
 
 TABLE, DIM, LOOKUPS = 100_000, 16, 300       # the embedding table, and ids looked up per rank per step
 BATCHES, BN_EPOCHS = (2, 16), 1              # per-rank batch sizes for batch norm, epochs over digits
@@ -160,7 +160,7 @@ fig, ax = plt.subplots(figsize=(7, 4))
 for w, color in zip(ranks, plt.cm.viridis(np.linspace(0, 0.85, len(ranks)))):
     ax.plot(rows_per_rank, [(w - 1) * sparse.allgather_bytes(int(r), DIM) for r in rows_per_rank], color=color,
             label=f"allgather, {w} ranks")
-    ax.axhline(sparse.ring_link_bytes(sparse.dense_bytes(TABLE, DIM), int(w)), color=color, ls=":", lw=0.9)
+    ax.axhline(ring.ring_bytes_per_rank(int(w), sparse.dense_bytes(TABLE, DIM)), color=color, ls=":", lw=0.9)
     print(f"{w:>4} ranks: allgather moves more than the dense ring above "
           f"{sparse.crossover_rows(TABLE, DIM, int(w)):,.0f} distinct rows per rank")
 mean_rows = float(np.mean(measured["distinct_rows"]))

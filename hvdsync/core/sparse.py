@@ -40,11 +40,6 @@ def allgather_link_bytes(piece_bytes: list[int], rank: int) -> int:
     return sum(piece_bytes) - piece_bytes[rank]
 
 
-def ring_link_bytes(nbytes: int, world: int) -> int:
-    """Bytes that reach one rank in a ring all-reduce of ``nbytes``: 2 (W-1)/W of the buffer."""
-    return 2 * (world - 1) * nbytes // world
-
-
 def crossover_rows(table_rows: int, row_elems: int, world: int, value_bytes: int = 4) -> float:
     """Distinct rows per rank above which ``allgather`` moves more bytes over a link than ``dense`` (ring).
 

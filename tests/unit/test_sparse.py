@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core import sparse
+from hvdsync.core import ring, sparse
 
 
 @pytest.mark.parametrize("sync, message", [
@@ -41,10 +41,10 @@ def test_byte_formulas():
     assert sparse.dense_bytes(100_000, 16) == 6_400_000
     assert sparse.dense_bytes(100_000, 16) / sparse.allgather_bytes(300, 16) > 300
     assert sparse.allgather_link_bytes([10, 20, 30], 1) == 40
-    assert sparse.ring_link_bytes(1000, 2) == 1000 and sparse.ring_link_bytes(1000, 4) == 1500
+    assert ring.ring_bytes_per_rank(2, 1000) == 1000 and ring.ring_bytes_per_rank(4, 1000) == 1500
     # At the crossover both ways move the same bytes over a link.
     r = sparse.crossover_rows(100_000, 16, 4)
-    assert (4 - 1) * r * (16 * 4 + 4) == pytest.approx(sparse.ring_link_bytes(6_400_000, 4), rel=1e-9)
+    assert (4 - 1) * r * (16 * 4 + 4) == pytest.approx(ring.ring_bytes_per_rank(4, 6_400_000), rel=1e-9)
 
 
 def test_lookups_are_seeded_and_repeat_popular_rows():
