@@ -260,6 +260,30 @@ def _fake_cuda(tmp_path, nccl=True):
     return env
 
 
+def test_nccl_build_with_neither_system_cuda_nor_the_wheels_names_the_compiler(tmp_path):
+    # The machine as a bare GPU-less box: a CUDA torch, but no nvcc on PATH, nothing under $CUDA_HOME, and no
+    # nvidia-cuda-nvcc wheel in the environment (this environment's nvidia/ holds none): nvcc and the way to get it
+    # from pip are named, nothing is built.
+    env = _fake_cuda(tmp_path)
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("bash", "sed", "paste", "sha256sum", "cut", "cat", "ls", "head", "id", "dirname"):
+        found = shutil.which(tool, path="/usr/bin:/bin")
+        assert found, tool
+        (bare / tool).symlink_to(found)
+    env["PATH"] = str(bare)
+    out = _gpu_build(tmp_path, CUDA_HOME=str(tmp_path / "no-cuda"), **env)
+    assert out.returncode == 2, out.stderr
+    assert "missing: a CUDA compiler: no nvcc on PATH or in $CUDA_HOME, and no nvidia-cuda-nvcc wheel for CUDA 13.0" \
+        in out.stderr and "pip install -r scripts/cuda-build-requirements.txt" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and not list(tmp_path.glob("horovod/*"))
+    # nvcc found, but no runtime headers beside it: the headers are named.
+    env = _fake_cuda(tmp_path)
+    (tmp_path / "cuda" / "include" / "cuda_runtime.h").unlink()
+    out = _gpu_build(tmp_path, **env)
+    assert out.returncode == 2 and "missing: CUDA's runtime headers" in out.stderr, out.stderr
+
+
 def test_nccl_build_without_nccl_names_it(tmp_path):
     out = _gpu_build(tmp_path, **_fake_cuda(tmp_path, nccl=False))
     assert out.returncode == 2 and "missing: NCCL" in out.stderr and "nvidia-nccl-cu13" in out.stderr, out.stderr
