@@ -26,8 +26,10 @@
 #
 # hvdsync builds both from Horovod's collectives (`sync.mode: ps`, `hvdsync/torch/schemes/ps.py`):
 #
-# * `sync.ps_servers: 0` (every rank owns a shard): `hvd.reducescatter` to push, update at the owner, `hvd.allgather`
-#   to pull;
+# * `sync.ps_servers: 0` (every rank owns a shard): `hvd.alltoall` sends each owner its piece of every gradient and
+#   the owner adds the W pieces (the push: a reduce-scatter), update at the owner, `hvd.allgather` to pull. Not
+#   Horovod's own `hvd.reducescatter`: on Gloo it is 2–4x slower at 16–64 MiB here and intermittently wrong on
+#   rank 0 (see `hvdsync.torch.schemes.ps.push`);
 # * `sync.ps_servers: 1`: `hvd.alltoall` with splits `[S, 0, …]` sends every gradient to rank 0, rank 0 updates,
 #   `hvd.broadcast` pulls.
 #
@@ -112,17 +114,22 @@ a1.set_title("busiest rank's traffic"), a1.legend()
 # %% [markdown]
 # ## 3 · Time: the patterns measured, and the model's ranking
 #
-# `collective_times` times one round of each pattern through Horovod (median of 5; each repeat the slowest rank's)
-# for 4 and 16 MiB. The model, with alpha and beta fitted to the ring on the same run, predicts the others.
+# `collective_times` times one round of each pattern through Horovod (a warm-up round, then 5 rounds that visit
+# every size and pattern in turn; each timing the slowest rank's) for 4 and 16 MiB, and one 4-byte all-reduce: the
+# fixed cost of a Horovod call (its negotiation), paid once per call whatever the size. The model as Horovod runs
+# the patterns (`costmodel.horovod_time`: one call for the ring, two for the sharded PS, Gloo's tree broadcast for
+# the single server), with that call cost and alpha, beta fitted to the ring on the same run, predicts the others.
 
 # %%
 SIZES = [4 * 2**20, 16 * 2**20]
-per_rank = launch.run(collective_times, args=(SIZES, 5, ("ring", "sharded_ps", "ps")), np=2, sync=cfg.sync,
+per_rank = launch.run(collective_times, args=(SIZES, 5, ("ring", "sharded_ps", "ps", "call")), np=2, sync=cfg.sync,
                       progress=False)
 med = {p: [float(np.median(per_rank[0]["times"][p][s])) for s in SIZES] for p in ("ring", "sharded_ps", "ps")}
-link = costmodel.fit_link(SIZES, med["ring"], 2)
+call = float(np.median([t for s in SIZES for t in per_rank[0]["times"]["call"][s]]))
+link = costmodel.fit_link(SIZES, med["ring"], 2, call=call)
+print(f"one Horovod call: {call * 1e3:.2f} ms")
 for p in med:
-    print(f"{p:10}: " + ", ".join(f"{s / 2**20:.0f} MiB {t * 1e3:.1f} ms (model x{costmodel.predict(p, s, 2, link) / t:.2f})"
+    print(f"{p:10}: " + ", ".join(f"{s / 2**20:.0f} MiB {t * 1e3:.1f} ms (model x{costmodel.horovod_time(p, s, 2, link) / t:.2f})"
                                   for s, t in zip(SIZES, med[p])))
 assert all(all(r["correct"].values()) for r in per_rank)
 x = np.arange(len(SIZES))
@@ -134,18 +141,21 @@ plt.tight_layout()
 plt.show()
 for w in (8, 64):
     print(f"model, 100 MB on {w} ranks with this machine's fitted link: ring "
-          f"{costmodel.predict('ring', 1e8, w, link):.2f} s, sharded PS {costmodel.predict('sharded_ps', 1e8, w, link):.2f} s, "
-          f"one server {costmodel.predict('ps', 1e8, w, link):.2f} s")
+          f"{costmodel.horovod_time('ring', 1e8, w, link):.2f} s, sharded PS "
+          f"{costmodel.horovod_time('sharded_ps', 1e8, w, link):.2f} s, one server {costmodel.horovod_time('ps', 1e8, w, link):.2f} s")
 
 # %% [markdown]
 # ## What to take away
 #
 # * A parameter server is push (gradients to the owners), update at the owner, pull (parameters back). Built from
-#   Horovod's `reducescatter`/`alltoall` and `allgather`/`broadcast`, it reaches the ring's parameters to float
-#   rounding, and keeps the optimizer state only at the owner.
+#   Horovod's `alltoall` (plus a local sum at the owner) and `allgather`/`broadcast`, it reaches the ring's
+#   parameters to float rounding, and keeps the optimizer state only at the owner.
 # * One server receives W−1 gradients and sends W−1 copies per step: its link is the bottleneck and grows with W
 #   (counted above: W/2 times a ring rank's traffic, (W−1)·S in each direction against the S a ring rank hands to
 #   its all-reduce).
 # * Sharding over every rank removes the bottleneck: reduce-scatter + all-gather *is* the ring all-reduce, the same
-#   bytes per rank, and the cost model gives it the ring's time.
-# * With W = 2 the difference is small and mostly the single server's extra step; the model says how it grows.
+#   bytes per rank. Run through Horovod it is two calls where the ring is one, so the model gives it the ring's
+#   time plus one call's negotiation.
+# * With W = 2 the single server moves the same bytes as a ring rank and the difference is its extra step; at
+#   4 workers (`python benchmarks/costmodel.py --np 4`) rank 0 of one server receives 3 whole buffers, and the
+#   model says how it grows.

@@ -24,6 +24,11 @@ reduce-scatter followed by an all-gather, which is what the ring does. One serve
 carry (n-1) S in each direction: the bottleneck grows with n. Gossip moves a constant amount per rank, but only
 mixes with the neighbours, so the ranks agree only approximately (:mod:`hvdsync.core.schemes.gossip`).
 
+What hvdsync actually runs through Horovod differs from these schedules in ways a measurement sees
+(:func:`horovod_time`): every Horovod call costs a fixed ``call`` (its negotiation) before Gloo moves a byte, the
+sharded parameter server is two calls (alltoall push + allgather pull) to the ring's one, and Gloo broadcasts
+through a binomial tree. ``benchmarks/costmodel.py`` fits the link to the ring and compares both.
+
 Example:
     >>> link = Link(alpha=50e-6, beta=1 / 5e9)
     >>> round(predict("ring", 64 * 2**20, 2, link) * 1e3, 2)    # ms for 64 MiB on 2 ranks
@@ -55,12 +60,16 @@ class Link:
         gamma: seconds per byte to add a received buffer into one's own (0 where the reduction is free, e.g.
             done by the network or hidden under the transfer).
         name: what the figures describe.
+        call: seconds per *library call* before any byte moves (:func:`horovod_time`): Horovod queues the request
+            for its background thread's next cycle and rank 0 negotiates it with every rank. 0 in the textbook
+            patterns (:func:`predict`).
     """
 
     alpha: float
     beta: float
     gamma: float = 0.0
     name: str = ""
+    call: float = 0.0
 
     @property
     def bandwidth(self) -> float:
@@ -168,7 +177,7 @@ def busiest_rank_bytes(pattern: str, size_bytes: float, n: int, servers: int = 1
 
 # ---- fitting ---------------------------------------------------------------------------------------------------
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gamma: float = 0.0,
-             name: str = "fitted") -> Link:
+             name: str = "fitted", call: float = 0.0) -> Link:
     """Fit alpha and beta of the ring model to measured all-reduce times (``gamma`` given, e.g. measured apart).
 
     Least squares on the *relative* error (each row divided by its measurement), so a 1 MiB point counts as much
@@ -179,6 +188,8 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gam
         seconds: the measured time of one all-reduce of each size (take a median of repeats).
         n: ranks in the measurement.
         gamma: seconds per byte of the reduction, subtracted before fitting.
+        call: seconds per Horovod call (measured apart: a 4-byte all-reduce), subtracted before fitting; the fitted
+            link then predicts :func:`horovod_time`, and alpha is what each Gloo message costs on top.
     """
     s = np.asarray(sizes_bytes, dtype=np.float64)
     t = np.asarray(seconds, dtype=np.float64)
@@ -187,7 +198,7 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gam
     if n < 2:
         raise ValueError(f"n: {n!r} is not allowed; a fit needs at least 2 ranks (1 rank sends nothing)")
     base = replace(Link(0.0, 0.0, gamma), name=name)
-    rhs = t - np.array([ring_time(x, n, base) for x in s])          # what alpha and beta must explain
+    rhs = t - call - np.array([ring_time(x, n, base) for x in s])   # what alpha and beta must explain
     a_col = np.full_like(s, 2.0 * (n - 1))
     b_col = np.array([ring_bytes_per_rank(n, x) for x in s])
     w = 1.0 / t
@@ -197,13 +208,97 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gam
         alpha, beta = 0.0, float(np.linalg.lstsq(design[:, 1:], rhs * w, rcond=None)[0][0])
     elif beta < 0:
         alpha, beta = float(np.linalg.lstsq(design[:, :1], rhs * w, rcond=None)[0][0]), 0.0
-    return Link(float(max(alpha, 0.0)), float(max(beta, 0.0)), gamma, name)
+    return Link(float(max(alpha, 0.0)), float(max(beta, 0.0)), gamma, name, call)
 
 
 def prediction_ratios(link: Link, sizes_bytes: Sequence[float], seconds: Sequence[float], n: int,
                       pattern: str = "ring") -> np.ndarray:
     """``predicted / measured`` per size (1.0 is a perfect prediction; the target is within 1/1.5 .. 1.5)."""
     return np.array([predict(pattern, s, n, link) / t for s, t in zip(sizes_bytes, seconds)])
+
+
+# ---- what Horovod 0.28.1 runs on Gloo ----------------------------------------------------------------------------
+def _alltoall(sent: float, n: int, link: Link) -> float:
+    # gloo::alltoallv posts its n-1 sends and receives at once; the rank's one link carries them one after another.
+    return (n - 1) * link.alpha + sent * link.beta
+
+
+def _push(s: float, n: int, link: Link) -> float:
+    """hvdsync's push (:func:`hvdsync.torch.schemes.ps.push`): alltoall of (n-1)/n S, then the owner adds the n
+    pieces of its shard (n-1 additions of S/n)."""
+    return link.call + _alltoall((n - 1) / n * s, n, link) + (n - 1) / n * s * link.gamma
+
+
+def _pull(s: float, n: int, link: Link) -> float:
+    """hvd.allgather: gloo::allgatherv, a ring of n-1 steps that forward one shard (S/n) each."""
+    return link.call + (n - 1) * (link.alpha + s / n * link.beta)
+
+
+def _halving_doubling(s: float, n: int, link: Link) -> float:
+    """hvd.reducescatter: gloo::ReduceScatterHalvingDoubling, log2(n) steps exchanging S/2, S/4, ... and adding
+    them (no overlap of the additions with the transfers). The bytes only: its per-call scratch buffers (two of
+    the whole size, zeroed) and Horovod's copy into a third are not in it; ``benchmarks/costmodel.py`` measures
+    what they cost."""
+    return link.call + _log2(n) * link.alpha + (n - 1) / n * s * (link.beta + link.gamma)
+
+
+EXECUTED: dict[str, Callable[[float, int, Link], float]] = {
+    # hvd.allreduce: one call, then gloo::allreduce's ring (segmented: additions overlap the transfers, which the
+    # gamma term does not credit).
+    "ring": lambda s, n, link: link.call + ring_time(s, n, link),
+    "push": _push,
+    "pull": _pull,
+    "sharded_ps": lambda s, n, link: _push(s, n, link) + _pull(s, n, link),
+    # One server: every rank's whole buffer to rank 0 in one alltoall (rank 0 receives (n-1) S and adds it), then
+    # hvd.broadcast, which gloo runs as a binomial tree (log2(n) steps of S).
+    "ps": lambda s, n, link: (2 * link.call + _alltoall((n - 1) * s, n, link) + (n - 1) * s * link.gamma
+                              + _log2(n) * (link.alpha + s * link.beta)),
+    # alltoall of the whole buffer to d = min(2, n-1) neighbours (no reduction inside the collective).
+    "gossip": lambda s, n, link: link.call + min(2, n - 1) * (link.alpha + s * link.beta),
+    "reducescatter": _halving_doubling,
+}
+
+
+def horovod_time(pattern: str, size_bytes: float, n: int, link: Link) -> float:
+    """Seconds for ``pattern`` as hvdsync runs it through Horovod 0.28.1 on Gloo (a key of :data:`EXECUTED`).
+
+    Unlike :func:`predict` (the textbook schedules), this counts each Horovod call (``link.call``) and follows the
+    algorithm Gloo runs for it: the sharded parameter server is *two* calls (an alltoall push plus local sum, then
+    an allgather ring) where the ring all-reduce is one, so at equal bytes it costs one ``call`` more; the one
+    server's pull is a binomial-tree broadcast.
+
+    Example:
+        >>> link = Link(alpha=50e-6, beta=1 / 1e9, call=1e-3)
+        >>> round((horovod_time("sharded_ps", 2**26, 2, link) - horovod_time("ring", 2**26, 2, link)) * 1e3, 3)
+        1.0
+    """
+    _check(size_bytes, n)
+    try:
+        fn = EXECUTED[pattern]
+    except KeyError:
+        raise ValueError(f"pattern: {pattern!r} is not allowed; choose one of: {', '.join(EXECUTED)}") from None
+    return fn(size_bytes, n, link)
+
+
+def horovod_rank0_bytes(pattern: str, size_bytes: float, n: int) -> tuple[float, float]:
+    """(sent, received) bytes of rank 0 for ``pattern`` as Horovod runs it on Gloo (rank 0 is the server of
+    ``ps``; every rank moves the same in the others).
+
+    Example:
+        >>> horovod_rank0_bytes("ps", 100, 4)     # receives 3 whole buffers; the tree broadcast sends 2
+        (200.0, 300.0)
+    """
+    _check(size_bytes, n)
+    s, shard = float(size_bytes), (n - 1) / n * float(size_bytes)
+    table = {
+        "ring": (2 * shard, 2 * shard),
+        "sharded_ps": (2 * shard, 2 * shard),             # push (n-1)/n S each way, allgather the same
+        "ps": (_log2(n) * s, (n - 1) * s),                 # the root's sends in a binomial broadcast: log2(n) S
+        "gossip": (min(2, n - 1) * s, min(2, n - 1) * s),
+    }
+    if pattern not in table:
+        raise ValueError(f"pattern: {pattern!r} is not allowed; choose one of: {', '.join(table)}")
+    return table[pattern]
 
 
 # ---- fabrics ---------------------------------------------------------------------------------------------------

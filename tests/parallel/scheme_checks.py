@@ -51,4 +51,23 @@ def run_checks(epochs=3, batch=32, hidden=32, lr=0.1, seed=5):
     for mode, servers in (("ps", 0), ("ps", 1), ("gossip", 0)):
         out["rounds"][f"{mode}{servers}"] = _one_round(mode, servers, rank, size)
     out["measured"] = collective_times([2**18 + 4], repeats=2)["correct"]
+    out["big_pushes_wrong"] = _big_pushes(rank, size)
     return out
+
+
+def _big_pushes(rank, size, nbytes=64 * 2**20, rounds=8):
+    """The sharded push of a 64 MiB buffer, ``rounds`` times: how many results were not the exact sum.
+
+    Horovod 0.28.1's hvd.reducescatter in its place (gloo's halving-doubling, which overwrites a buffer it is
+    still sending from) gave rank 0 a wrong sum in 4 of 20 such rounds on this machine, so 8 rounds catch it
+    with probability ~0.8 (a correct push gives 0 always); 8 rounds cost ~2-7 s, depending on the machine's load.
+    """
+    import torch
+
+    from hvdsync.core.schemes.ps import push_splits
+    from hvdsync.torch.schemes.ps import push
+
+    x = torch.full((nbytes // 4,), float(rank + 1))
+    splits = push_splits(x.numel(), size, 0)
+    expected = torch.full((splits[rank],), size * (size + 1) / 2)
+    return sum(not torch.equal(push(x, splits, rank, "big_push"), expected) for _ in range(rounds))

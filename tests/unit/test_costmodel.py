@@ -72,3 +72,31 @@ def test_fabric_table_orders_fabrics_by_bandwidth():
     bandwidths = [f.bandwidth for f in FABRICS]
     assert np.argmin(ring_times) == np.argmax(bandwidths) and np.argmax(ring_times) == np.argmin(bandwidths)
     assert all(f.source for f in FABRICS)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_as_horovod_runs_it_the_sharded_ps_is_the_ring_plus_one_call_and_one_server_is_the_bottleneck(n):
+    link = Link(alpha=40e-6, beta=1 / 2e9, gamma=1 / 8e9, call=1.5e-3)
+    s = 64 * MiB
+    ring = costmodel.horovod_time("ring", s, n, link)
+    assert costmodel.horovod_time("sharded_ps", s, n, link) == pytest.approx(ring + link.call)
+    assert costmodel.horovod_time("sharded_ps", s, n, link) == pytest.approx(
+        costmodel.horovod_time("push", s, n, link) + costmodel.horovod_time("pull", s, n, link))
+    # The same bytes as the ring through rank 0; one server receives (n-1) whole buffers.
+    assert costmodel.horovod_rank0_bytes("sharded_ps", s, n) == costmodel.horovod_rank0_bytes("ring", s, n)
+    sent, received = costmodel.horovod_rank0_bytes("ps", s, n)
+    assert received == (n - 1) * s and received / costmodel.horovod_rank0_bytes("ring", s, n)[1] == n / 2
+    assert costmodel.horovod_time("ps", s, n, link) > costmodel.horovod_time("sharded_ps", s, n, link)
+    with pytest.raises(ValueError, match="pattern"):
+        costmodel.horovod_time("hypercube", s, n, link)
+
+
+def test_fit_with_a_measured_call_cost_recovers_the_link_behind_it():
+    truth = Link(alpha=60e-6, beta=1 / 1.5e9, gamma=1 / 8e9, call=2e-3)
+    sizes = [s * MiB for s in (1, 2, 4, 8, 16, 32, 64)]
+    times = [costmodel.horovod_time("ring", s, 2, truth) for s in sizes]
+    fit = fit_link(sizes, times, 2, gamma=truth.gamma, call=truth.call)
+    assert fit.call == truth.call
+    assert fit.alpha == pytest.approx(truth.alpha, rel=1e-6) and fit.beta == pytest.approx(truth.beta, rel=1e-6)
+    # Without the call term the fit puts it into alpha (two messages per 2-rank ring: call / 2 each).
+    assert fit_link(sizes, times, 2, gamma=truth.gamma).alpha == pytest.approx(truth.alpha + truth.call / 2)

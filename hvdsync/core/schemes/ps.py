@@ -12,7 +12,7 @@ shards (:func:`hvdsync.core.ring.chunk_bounds`: sizes differ by at most one); ra
   an all-gather, which together are what a ring all-reduce does: the same bytes per rank, 2 (W-1)/W S, and no
   bottleneck. The optimizer state is sharded too (each rank holds 1/W of it).
 
-The adapters run these rounds through Horovod (``reducescatter`` / ``alltoall`` to push, ``allgather`` /
+The adapters run these rounds through Horovod (``alltoall`` and a local sum to push, ``allgather`` /
 ``broadcast`` to pull); :func:`ps_round` is the same round in numpy, for any W, and :func:`traffic` counts what
 it sends.
 

@@ -7,7 +7,7 @@ surface as Horovod's (``zero_grad``, ``synchronize``, ``skip_synchronize``, ``st
 which shard, who talks to whom, how much) come from :mod:`hvdsync.core.schemes`; this module only moves tensors.
 
 * :class:`ParameterServerOptimizer` (``sync.mode: ps``): ``synchronize`` pushes the gradients to the shard owners
-  (``hvd.reducescatter`` when every rank owns a shard, ``hvd.alltoall`` with splits otherwise); ``step`` updates
+  (``hvd.alltoall`` with splits, then each owner adds its shard's pieces: :func:`~hvdsync.torch.schemes.ps.push`); ``step`` updates
   the owned shard with the user's optimizer class (its state lives only at the owner) and pulls the parameters back
   (``hvd.allgather``, or ``hvd.broadcast`` from the single server).
 * :class:`GossipOptimizer` (``sync.mode: gossip``): every ``sync.period`` steps ``synchronize`` exchanges the

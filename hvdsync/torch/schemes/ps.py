@@ -13,6 +13,28 @@ from hvdsync.torch.schemes.base import SchemeOptimizer, _initialise_state, _opti
 from hvdsync.torch.sparse import densify
 
 
+def push(flat: torch.Tensor, splits: list[int], rank: int, name: str) -> torch.Tensor:
+    """The push of a parameter-server round: every rank sends ``splits[j]`` consecutive elements of ``flat`` to rank
+    j (one ``hvd.alltoall``) and each owner adds the W pieces of its shard it received (ranks with
+    ``splits[rank] == 0`` own nothing and get an empty tensor). Returns this rank's summed shard.
+
+    Not ``hvd.reducescatter``, even when every rank owns a shard: Horovod 0.28.1 runs it on Gloo as
+    ``gloo::ReduceScatterHalvingDoubling``, which (1) sends from its working buffer asynchronously and then, on
+    every rank but 0, copies its reduced chunk over the start of that same buffer without waiting for the send, so
+    rank 0 intermittently adds a half-reduced piece (seen at 64 MiB on 2 workers: 4 wrong results in 20), and
+    (2) allocates and zeroes two scratch buffers of the whole size per call and does not overlap its reduction with
+    the transfer: 2-4x the time of this push at 16-64 MiB here (``benchmarks/costmodel.py``, the ``pieces`` table).
+    The alltoall moves the same bytes (each rank sends (W-1)/W of the buffer) in one step.
+
+    Example:
+        >>> push(flat, push_splits(flat.numel(), hvd.size(), 0), hvd.rank(), "grads")  # doctest: +SKIP
+    """
+    mine = splits[rank]
+    received, _ = hvd.alltoall(flat, splits=torch.tensor(splits, dtype=torch.int32), name=name)
+    # Rows in source-rank order: the same order of additions on every owner, whatever the timing.
+    return received.view(len(splits), mine).sum(dim=0) if mine else received[:0]
+
+
 class ParameterServerOptimizer(SchemeOptimizer):
     """``sync.mode: ps``: push gradients to the shard owners, update at the owner, pull the parameters.
 
@@ -152,14 +174,7 @@ class ParameterServerOptimizer(SchemeOptimizer):
         flat = torch.cat(pieces)
         itemsize = flat.element_size()
         mine = self.splits[self.rank] if self.rank < self.servers else 0
-        if self.servers == self.size:
-            # Every rank owns a shard: the push is exactly a reduce-scatter (Horovod splits the first dimension like
-            # chunk_bounds: the first size % W ranks get one element more).
-            reduced = hvd.reducescatter(flat, op=hvd.Sum, name="hvdsync.ps.push")
-        else:
-            received, _ = hvd.alltoall(flat, splits=torch.tensor(self.splits, dtype=torch.int32),
-                                       name="hvdsync.ps.push")
-            reduced = received.view(self.size, mine).sum(dim=0) if mine else received[:0]
+        reduced = push(flat, self.splits, self.rank, "hvdsync.ps.push")
         self.sent += (flat.numel() - mine) * itemsize
         self.received += (self.size - 1) * mine * itemsize
         reduced = self.codec.decompress(reduced, ctx[0]) if len(ctx) else reduced
