@@ -106,7 +106,7 @@ def show(doc: dict) -> None:
           if fit["beta"] else f"fit: {fit}")
     print(f"\nmedian (ms) and predicted / measured (horovod_time), {n} workers, {doc['repeats']} rounds:")
     _table(doc, PATTERNS, doc["ratios"])
-    print(f"\nthe pieces (sharded PS = push + pull; reducescatter: Horovod's, which the push replaced):")
+    print("\nthe pieces (sharded PS = push + pull; reducescatter: Horovod's, which the push replaced):")
     _table(doc, PIECES, doc["ratios"])
     print("\nratios, horovod_time: " + "; ".join(_span(doc["ratios"], p) for p in MODELLED))
     print(f"ratios, textbook schedules (alpha {tb['alpha'] * 1e6:.0f} us, beta 1 / ({1 / tb['beta'] / 1e9:.2f} GB/s)"
