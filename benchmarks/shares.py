@@ -1,19 +1,23 @@
 """Straggler-aware shares and a growing batch, side by side on 2 local workers: epoch time, samples, all-reduces.
 
-    python benchmarks/shares.py                        # torch
-    python benchmarks/shares.py --framework tensorflow
+    python benchmarks/shares.py                          # PyTorch and TensorFlow, rounds interleaved
+    python benchmarks/shares.py --framework tensorflow   # one framework
     python benchmarks/shares.py --rounds 3 --json shares.json
 
-One job of 2 Horovod workers (:func:`hvdsync.launch.train_many`) trains the same model from the same start, with
-rank 1 computing 2x slower (the test-only ``data.test_slow_rank`` / ``data.test_slowdown``), once with
-``data.shares: equal`` and once with ``adaptive``, repeated ``--rounds`` times in alternation, plus a run without
-the slow rank for reference. It prints, per run, the mean epoch time over epochs 1.. (epoch 0 runs with equal shares
-in both: nothing is measured before it), the samples each rank read per epoch, the shares, and whether the ranks
-ended with identical parameters; then the ratio of the adaptive to the equal epoch time (target: <= 0.75).
+Per framework and round, one job of 2 Horovod workers (:func:`hvdsync.launch.train_many`) trains the same model
+from the same start, with rank 1 computing 2x slower (the test-only ``data.test_slow_rank`` /
+``data.test_slowdown``: busy in proportion to its samples before each forward pass, the same in both frameworks),
+once with ``data.shares: equal`` and once with ``adaptive``, plus a run without the slow rank for reference. The
+rounds alternate the frameworks (torch, tensorflow, torch, ...), so both see the same machine. It prints, per run,
+the mean epoch time over epochs 1.. (epoch 0 runs with equal shares in both: nothing is measured before it), the
+samples each rank read per epoch, the shares, and whether the ranks ended with identical parameters; then the
+ratio of the adaptive to the equal epoch time (target: <= 0.75) and its *bound*: what perfectly balanced shares
+would give, from the equal run's own figures (each rank's measured throughput gives the balanced compute time; the
+rest of the epoch, all-reduce, update and evaluation, does not shrink with a share).
 
 Then a growing batch (``data.batch_growth``: x2 at epoch 2, x4 at epoch 4, learning rate by ``sqrt``) against a
-constant batch: all-reduce rounds per epoch (counted: gradient tensors handed to Horovod over tensors per round) and
-the test accuracy.
+constant batch, in each framework's last job: all-reduce rounds per epoch (counted: gradient tensors handed to
+Horovod over tensors per round) and the test accuracy.
 """
 from __future__ import annotations
 
@@ -44,53 +48,86 @@ def later_epoch_seconds(result: dict) -> float:
     return statistics.mean(h["epoch_seconds"] for h in result["history"][1:])
 
 
+def balanced_bound(equal: dict) -> float:
+    """What perfect shares would make of the equal-share run ``equal``: per epoch 1.., the work at the ranks'
+    measured throughputs split to finish together, plus the part of the epoch that is not work (all-reduce, update,
+    evaluation), over the measured epoch time; the mean over epochs."""
+    ratios = []
+    for h in equal["history"][1:]:
+        samples, rates = h["rank_samples"], h["rank_throughput"]
+        work = max(n / r for n, r in zip(samples, rates))
+        rest = max(0.0, h["epoch_seconds"] - work)
+        ratios.append((sum(samples) / sum(rates) + rest) / h["epoch_seconds"])
+    return statistics.mean(ratios)
+
+
+def framework_job(framework: str, epochs: int, growth: dict | None) -> dict:
+    """One job of workers: a reference without the slow rank, equal and adaptive shares with rank 1 2x slower, and
+    (``growth``) a constant against a growing batch."""
+    from hvdsync.launch import train_many
+
+    slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
+    cfgs = [config(framework, epochs), config(framework, epochs, shares="equal", **slow),
+            config(framework, epochs, shares="adaptive", **slow)]
+    if growth:
+        cfgs += [config(framework, 6), config(framework, 6, batch_growth=growth)]
+    results = train_many(cfgs)
+    return {"reference": results[0], "equal": results[1], "adaptive": results[2], "growth": results[3:]}
+
+
+def run_row(name: str, r: dict) -> dict:
+    last = r["history"][-1]
+    return {"run": name, "epoch_seconds": later_epoch_seconds(r), "rank_samples": last.get("rank_samples", ["-", "-"]),
+            "shares": last.get("shares"), "share_history": [h.get("shares") for h in r["history"]],
+            "param_spread": r["param_spread"]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--framework", default="torch", choices=["torch", "tensorflow"])
+    parser.add_argument("--framework", default="both", choices=["both", "torch", "tensorflow"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
-    from hvdsync.launch import train_many
-
-    slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
-    cfgs, names = [config(args.framework, args.epochs)], ["no slow rank"]
-    for _ in range(args.rounds):
-        cfgs += [config(args.framework, args.epochs, shares="equal", **slow),
-                 config(args.framework, args.epochs, shares="adaptive", **slow)]
-        names += ["equal, rank 1 2x slower", "adaptive, rank 1 2x slower"]
+    frameworks = ["torch", "tensorflow"] if args.framework == "both" else [args.framework]
     growth = {2: 2, 4: 4}
-    cfgs += [config(args.framework, 6), config(args.framework, 6, batch_growth=growth)]
-    results = train_many(cfgs)
+    jobs: dict[str, list[dict]] = {f: [] for f in frameworks}
+    for i in range(args.rounds):
+        for framework in frameworks:  # alternating: both frameworks see the same state of the machine
+            jobs[framework].append(framework_job(framework, args.epochs, growth if i == args.rounds - 1 else None))
 
-    print(f"{args.framework}, 2 workers, MLP 64-1024-10 on {SAMPLES} synthetic samples, batch 2048 per rank, {args.epochs} epochs\n")
-    print(f"{'run':<28} {'epoch s (1..)':>13} {'samples/rank (last epoch)':>26} {'shares (last)':>16} {'equal params':>12}")
-    out: dict = {"framework": args.framework, "runs": []}
-    for name, r in zip(names, results):
-        last = r["history"][-1]
-        samples = last.get("rank_samples", ["-", "-"])
-        shares = last.get("shares")
-        row = {"run": name, "epoch_seconds": later_epoch_seconds(r), "rank_samples": samples, "shares": shares,
-               "param_spread": r["param_spread"]}
-        out["runs"].append(row)
-        share_text = "/".join(f"{s:.2f}" for s in shares) if shares else "-"
-        print(f"{name:<28} {row['epoch_seconds']:>13.3f} {str(samples):>26} {share_text:>16} "
-              f"{str(r['param_spread'] == 0.0):>12}")
-    equal = [r["epoch_seconds"] for r in out["runs"] if r["run"].startswith("equal")]
-    adaptive = [r["epoch_seconds"] for r in out["runs"] if r["run"].startswith("adaptive")]
-    out["ratio_adaptive_to_equal"] = statistics.mean(a / e for a, e in zip(adaptive, equal))
-    print("\nepoch time, adaptive / equal shares (rounds side by side): "
-          + ", ".join(f"{a / e:.2f}" for a, e in zip(adaptive, equal))
-          + f"; mean {out['ratio_adaptive_to_equal']:.2f} ({1 - out['ratio_adaptive_to_equal']:.0%} lower)")
-
-    constant, grown = results[-2], results[-1]
-    out["growth"] = {"schedule": growth, "constant_rounds": [h["sync_rounds"] for h in constant["history"]],
-                     "growth_rounds": [h["sync_rounds"] for h in grown["history"]],
-                     "constant_accuracy": constant["test_accuracy"], "growth_accuracy": grown["test_accuracy"]}
-    print(f"\ngrowing batch {growth} (lr x sqrt(factor)) vs constant, all-reduce rounds per epoch (counted):")
-    print(f"  constant: {[int(x) for x in out['growth']['constant_rounds']]}  accuracy {constant['test_accuracy']:.4f}")
-    print(f"  growing:  {[int(x) for x in out['growth']['growth_rounds']]}  accuracy {grown['test_accuracy']:.4f}")
+    out: dict = {"frameworks": {}}
+    for framework, rounds in jobs.items():
+        print(f"\n{framework}, 2 workers, MLP 64-1024-10 on {SAMPLES} synthetic samples, batch 2048 per rank, "
+              f"{args.epochs} epochs")
+        print(f"{'run':<28} {'epoch s (1..)':>13} {'samples/rank (last epoch)':>26} {'shares (per epoch)':>26} "
+              f"{'equal params':>12}")
+        rows = []
+        for job in rounds:
+            for name, key in (("no slow rank", "reference"), ("equal, rank 1 2x slower", "equal"),
+                              ("adaptive, rank 1 2x slower", "adaptive")):
+                row = run_row(name, job[key])
+                rows.append(row)
+                shares = " ".join(f"{s[0]:.2f}" for s in row["share_history"] if s) or "-"
+                print(f"{name:<28} {row['epoch_seconds']:>13.3f} {str(row['rank_samples']):>26} {shares:>26} "
+                      f"{str(row['param_spread'] == 0.0):>12}")
+        ratios = [later_epoch_seconds(j["adaptive"]) / later_epoch_seconds(j["equal"]) for j in rounds]
+        bounds = [balanced_bound(j["equal"]) for j in rounds]
+        result = {"runs": rows, "ratios": ratios, "ratio_adaptive_to_equal": statistics.mean(ratios),
+                  "bounds": bounds, "bound": statistics.mean(bounds)}
+        print(f"epoch time, adaptive / equal shares (same job): {', '.join(f'{r:.2f}' for r in ratios)}; mean "
+              f"{result['ratio_adaptive_to_equal']:.2f} ({1 - result['ratio_adaptive_to_equal']:.0%} lower); "
+              f"bound with perfect shares: {', '.join(f'{b:.2f}' for b in bounds)}")
+        constant, grown = rounds[-1]["growth"]
+        result["growth"] = {"schedule": growth, "constant_rounds": [h["sync_rounds"] for h in constant["history"]],
+                            "growth_rounds": [h["sync_rounds"] for h in grown["history"]],
+                            "constant_accuracy": constant["test_accuracy"], "growth_accuracy": grown["test_accuracy"]}
+        print(f"growing batch {growth} (lr x sqrt(factor)) vs constant, all-reduce rounds per epoch (counted):")
+        print(f"  constant: {[int(x) for x in result['growth']['constant_rounds']]}  "
+              f"accuracy {constant['test_accuracy']:.4f}")
+        print(f"  growing:  {[int(x) for x in result['growth']['growth_rounds']]}  accuracy {grown['test_accuracy']:.4f}")
+        out["frameworks"][framework] = result
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return out

@@ -6,6 +6,8 @@ either framework. The maths is in :mod:`hvdsync.core.shares` and :func:`hvdsync.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from hvdsync.core.loop import Callback
@@ -17,6 +19,11 @@ from hvdsync.core.shares import balanced_shares
 # all-reduce wait is left out (there a fast rank idles for a slow one), and so is the optimizer update, which costs
 # the same whatever a rank's share: counting it would pull every estimate towards equal shares.
 _WORK = [PHASES.index(p) for p in ("data", "compute")]
+# A rank's throughput is the median over the steps of this many epochs (the last ones): one epoch's steps are few
+# (tens) and on a shared machine a whole epoch can be disturbed, which made the shares swing between epochs
+# (0.68 -> 0.45 -> 0.55 measured with rank 1 2x slower). A rank that really changes speed moves the median within
+# two epochs.
+RATE_EPOCHS = 3
 
 
 class AdaptiveShares(Callback):
@@ -28,8 +35,9 @@ class AdaptiveShares(Callback):
     are :func:`~hvdsync.core.shares.balanced_shares` of those numbers, computed alike on every rank, and handed to
     the step source (``set_shares``). The epoch boundary is the re-weighting point because a ``DataLoader`` plans
     its batches when its iterator is made, once per epoch.
-    The throughput is the *median* over the epoch's steps of samples per work second: a step stretched by
-    something else on the machine (a descheduled process, a collector) must not move a whole epoch's shares.
+    The throughput is the *median* of samples per work second over the steps of the last :data:`RATE_EPOCHS`
+    epochs: a step stretched by something else on the machine (a descheduled process, a collector) must not move a
+    whole epoch's shares, nor one disturbed epoch the next.
 
     It also records, per epoch, each rank's samples, throughput and share (``result.history``; MLflow
     ``rank/<r>/samples``, ``rank/<r>/share``), with ``adapt=False`` too (equal shares, measured for comparison).
@@ -43,6 +51,7 @@ class AdaptiveShares(Callback):
 
     def on_train_begin(self, ctx) -> None:
         self.steps = ctx.steps
+        self._window: deque[list[float]] = deque(maxlen=RATE_EPOCHS)
         if self.adapt and not hasattr(self.steps, "set_shares"):
             raise ValueError(f"data.shares: 'adaptive' is not allowed with a step source of type "
                              f"{type(self.steps).__name__}; it needs set_shares(shares) (hvdsync's loaders and "
@@ -61,7 +70,9 @@ class AdaptiveShares(Callback):
 
     def on_epoch_end(self, ctx) -> None:
         # One second of work at the median rate: balanced_shares divides samples by seconds.
-        rate = float(np.median(self._rates)) if self._rates else 0.0
+        self._window.append(self._rates)
+        pooled = [r for rates in self._window for r in rates]
+        rate = float(np.median(pooled)) if pooled else 0.0
         gathered = ctx.backend.allgather(np.array([self._samples, rate, 1.0 if rate else 0.0], dtype=np.float64))
         used = ctx.plan.shares or (1.0 / ctx.size,) * ctx.size
         record = {"rank_samples": gathered[:, 0].astype(int).tolist(), "rank_throughput": gathered[:, 1].tolist(),

@@ -20,10 +20,12 @@ operation starts, memory copies into and out of the fusion buffer and the all-re
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+import numpy as np
 
 from hvdsync.core import timeline
 
@@ -33,27 +35,44 @@ PHASES = ("data", "compute", "sync_wait", "update")
 class PhaseTimer:
     """Accumulates wall time per phase name."""
 
+    # The slowed rank's cost per sample is the median of its last this-many compute phases (seconds per sample).
+    SLOW_WINDOW = 64
+
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
         self.slowdown = 1.0
+        self._per_sample: deque[float] = deque(maxlen=self.SLOW_WINDOW)
 
     def slow_down(self, factor: float) -> None:
         """For tests and demonstrations only (``data.test_slowdown``): make every ``compute`` phase ``factor`` times
-        longer by keeping the CPU busy for ``factor - 1`` times its duration at its end, like a slower processor."""
+        slower, like a slower processor: the rank stays busy for ``factor - 1`` times the phase's usual cost of its
+        ``samples`` (see :meth:`phase`)."""
         self.slowdown = float(factor)
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str, samples: int | None = None) -> Iterator[None]:
+        """Time the block as phase ``name``. ``samples``: how many samples a ``compute`` phase works on (what a
+        ``slow_down`` is proportional to)."""
         start = time.perf_counter()
+        slow = name == "compute" and self.slowdown > 1.0
+        extra = 0.0
+        if slow and samples and self._per_sample:
+            # Busy *before* the work, in proportion to its samples: the slowed rank hands its gradients to Horovod
+            # as late as a slower processor would. Busy after the work, a PyTorch rank's backward hooks had already
+            # started its all-reduce, which then ran hidden behind the busy wait (a TensorFlow rank all-reduces
+            # after its compute phase, so the two frameworks' slowdowns differed).
+            extra = (self.slowdown - 1.0) * float(np.median(self._per_sample)) * samples
+            _busy_until(start + extra)
         try:
+            work_start = time.perf_counter()
             yield
-            if name == "compute" and self.slowdown > 1.0:
-                # Busy, not asleep: on a machine whose cores are shared, a sleeping rank hands its core to the
-                # others and is hardly slower at all; a busy one competes for the core like real work.
-                deadline = start + self.slowdown * (time.perf_counter() - start)
-                while time.perf_counter() < deadline:
-                    pass
+            if slow:
+                took = time.perf_counter() - work_start
+                if samples:
+                    self._per_sample.append(took / samples)
+                if not extra:  # nothing measured yet (the first phase): busy after it, in proportion to its time
+                    _busy_until(time.perf_counter() + (self.slowdown - 1.0) * took)
         finally:
             self.seconds[name] += time.perf_counter() - start
             self.counts[name] += 1
@@ -73,6 +92,13 @@ class PhaseTimer:
     def reset(self) -> None:
         self.seconds.clear()
         self.counts.clear()
+
+
+def _busy_until(deadline: float) -> None:
+    # Busy, not asleep: on a machine whose cores are shared, a sleeping rank hands its core to the others and is
+    # hardly slower at all; a busy one competes for the core like real work.
+    while time.perf_counter() < deadline:
+        pass
 
 
 def comm_share(phase_seconds: dict[str, float]) -> float:

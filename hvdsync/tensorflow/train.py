@@ -94,7 +94,7 @@ class TensorFlowBackend:
         for x, y in micro:
             if len(y) == 0:  # nothing to read on this rank in this micro-batch; the all-reduce below still joins in
                 continue
-            with self.timer.phase("compute"):
+            with self.timer.phase("compute", samples=len(y)):
                 total += float(self._backward(x, y, scale))
         with self.timer.phase("sync_wait"):
             # One all-reduce for the `accumulate` passes above; every rank runs as many passes, so none waits forever.

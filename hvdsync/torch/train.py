@@ -104,7 +104,7 @@ class TorchBackend:
             n = len(y)
             if n == 0:  # nothing to read on this rank in this micro-batch; the all-reduce below still joins in
                 continue
-            with self.timer.phase("compute"):
+            with self.timer.phase("compute", samples=n):
                 x, y = self._to_device(x), self._to_device(y)
                 with self.precision.autocast():
                     loss = self.loss(self.model(x), y)
