@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         result = {"runs": rows, "ratios": ratios, "ratio_adaptive_to_equal": statistics.mean(ratios),
                   "bounds": bounds, "bound": statistics.mean(bounds)}
         print(f"epoch time, adaptive / equal shares (same job): {', '.join(f'{r:.2f}' for r in ratios)}; mean "
-              f"{result['ratio_adaptive_to_equal']:.2f} ({1 - result['ratio_adaptive_to_equal']:.0%} lower); "
+              f"{result['ratio_adaptive_to_equal']:.2f} ({abs(1 - result['ratio_adaptive_to_equal']):.0%} "
+              f"{'lower' if result['ratio_adaptive_to_equal'] <= 1 else 'higher'}); "
               f"bound with perfect shares: {', '.join(f'{b:.2f}' for b in bounds)}")
         constant, grown = rounds[-1]["growth"]
         result["growth"] = {"schedule": growth, "constant_rounds": [h["sync_rounds"] for h in constant["history"]],

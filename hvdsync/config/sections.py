@@ -132,8 +132,9 @@ class DataConfig:
         batch_growth: ``{epoch: factor}``: from ``epoch`` on the batch is ``factor`` x ``batch_size`` (fewer
             all-reduces per epoch); the learning rate follows ``train.growth_lr``. Empty: a constant batch.
         test_slow_rank / test_slowdown: **for tests and demonstrations only**: rank ``test_slow_rank`` (-1: none)
-            stays busy ``test_slowdown - 1`` times each compute phase's duration after it, i.e. it computes
-            ``test_slowdown`` times slower (what ``shares: adaptive`` is measured against).
+            stays busy before each compute phase for ``test_slowdown - 1`` times that phase's usual cost of its
+            samples, i.e. it computes ``test_slowdown`` times slower, in both frameworks alike (what
+            ``shares: adaptive`` is measured against; :meth:`hvdsync.core.profiling.PhaseTimer.slow_down`).
     """
 
     dataset: str = "digits"

@@ -2,6 +2,7 @@
 (:class:`PlanSampler`, also a Keras callback), and a loader over in-memory arrays (:class:`ShardedLoader`)."""
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Iterator, Sized
 
 import horovod.tensorflow as hvd
@@ -10,9 +11,10 @@ import numpy as np
 import tensorflow as tf
 
 from hvdsync.core.loader import PlanLoader
-from hvdsync.core.scaling import loss_scale
+from hvdsync.core.scaling import grown_lr, loss_scale
 from hvdsync.core.shares import rebalanced
 from hvdsync.core.sharding import ShardPlan, Step
+from hvdsync.tensorflow.models import constant_learning_rate
 
 
 class PlanSampler(keras.callbacks.Callback):
@@ -44,6 +46,14 @@ class PlanSampler(keras.callbacks.Callback):
         op: Horovod's reduce op (``average``, ``sum``), for the weights.
         growth: ``{epoch: factor}``, a batch that grows over the epochs (``data.batch_growth``); the stream's length
             then changes between epochs and is not asserted.
+        growth_lr: with ``growth``, as a Keras callback the sampler sets the optimizer's learning rate of each
+            epoch by this rule (``train.growth_lr``: ``sqrt``, ``linear``, ``none``;
+            :func:`hvdsync.core.scaling.grown_lr`) from the rate it had when ``fit`` first started.
+
+    A growing batch with Keras' ``fit``: each epoch has fewer batches than the one before, so the stream's length is
+    not declared; Keras learns the first epoch's length and ends each later epoch when its pass runs out (the
+    sampler silences Keras' "ran out of data" warning for that, which with a growing batch is the plan). Every
+    sample is still read once per epoch, and the learning rate follows ``growth_lr``.
 
     Straggler-aware shares: ``rebalance(work_seconds)`` on every rank at an epoch's end (your seconds of reading,
     forward and backward; not the all-reduce wait) gives each rank a share of every later global step
@@ -60,7 +70,7 @@ class PlanSampler(keras.callbacks.Callback):
 
     def __init__(self, dataset: Sized | int, batch_size: int, accumulate: int = 1, seed: int = 0,
                  shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
-                 op: str = "average", growth=()) -> None:
+                 op: str = "average", growth=(), growth_lr: str = "sqrt") -> None:
         super().__init__()
         size = dataset if isinstance(dataset, int) else len(dataset)
         world_size = hvd.size() if world_size is None else world_size
@@ -70,7 +80,8 @@ class PlanSampler(keras.callbacks.Callback):
             raise ValueError(f"rank: {rank!r} is not allowed; expected 0 <= rank < {world_size} "
                              f"(the world has {world_size} ranks)")
         loss_scale(1, world_size, op)  # checks op now, not at the first step
-        self.rank, self.op = int(rank), op
+        grown_lr(1.0, 1.0, growth_lr)  # checks the rule now, not at the first epoch
+        self.rank, self.op, self.growth_lr = int(rank), op, growth_lr
         self.epoch, self.consumed = 0, 0  # the training position
         self._next = (0, 0)  # (epoch, start) the next pass over the stream reads
         self._planned: dict[int, np.ndarray] = {}  # epoch -> samples consumed after each of its steps
@@ -78,9 +89,10 @@ class PlanSampler(keras.callbacks.Callback):
     @classmethod
     def from_config(cls, cfg, dataset: Sized | int, rank: int | None = None,
                     world_size: int | None = None) -> "PlanSampler":
-        """Batch size, accumulation, seed, shuffle, op and batch growth from a :class:`hvdsync.config.Config`."""
+        """Batch size, accumulation, seed, shuffle, op, batch growth and its learning-rate rule from a
+        :class:`hvdsync.config.Config`."""
         return cls(dataset, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed, cfg.data.shuffle, rank,
-                   world_size, cfg.sync.op, cfg.data.batch_growth)
+                   world_size, cfg.sync.op, cfg.data.batch_growth, cfg.train.growth_lr)
 
     # ---- position ----------------------------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -153,9 +165,29 @@ class PlanSampler(keras.callbacks.Callback):
             data = data.map(lambda i, w: (*lookup(i), w), num_parallel_calls=num_parallel_calls)
         return data.prefetch(tf.data.AUTOTUNE)
 
-    # ---- as a Keras callback: the training position ------------------------------------------------------------
+    # ---- as a Keras callback: the training position (and a growing batch's learning rate) ---------------------
+    def on_train_begin(self, logs=None) -> None:
+        if not self.plan.growth:
+            return
+        rate = constant_learning_rate(self.model.optimizer)
+        if not hasattr(self, "_base_lr"):  # a second fit (more epochs) scales from the first one's rate
+            self._base_lr = float(np.asarray(rate))
+        # Keras ends an epoch whose pass runs out with "Your input ran out of data; interrupting training": with a
+        # growing batch every later epoch is shorter than the first by design, and training goes on.
+        self._quiet = warnings.catch_warnings()
+        self._quiet.__enter__()
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+
+    def on_train_end(self, logs=None) -> None:
+        if getattr(self, "_quiet", None) is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
+
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self.set_epoch(epoch)
+        if self.plan.growth:
+            factor = self.plan.batch_size_at(epoch) / self.plan.batch_size
+            constant_learning_rate(self.model.optimizer).assign(grown_lr(self._base_lr, factor, self.growth_lr))
 
     def on_train_batch_end(self, batch, logs=None) -> None:
         # `batch` is the index of the last batch run (with steps_per_execution > 1, of several); a step counts as

@@ -90,3 +90,13 @@ def build_mlp(cfg, data) -> keras.Model:
     if len(data.input_shape) == 1:
         return model
     return keras.Sequential([keras.Input(data.input_shape), keras.layers.Flatten(), *model.layers])
+
+
+def constant_learning_rate(optimizer: keras.optimizers.Optimizer):
+    """The optimizer's learning-rate variable, for a growing batch to set (``data.batch_growth``); a schedule fails
+    naming the field."""
+    rate = optimizer.learning_rate
+    if not hasattr(rate, "assign"):
+        raise ValueError("data.batch_growth: a learning-rate schedule is not allowed with a growing batch; give "
+                         "the optimizer a constant learning rate (train.growth_lr scales it)")
+    return rate

@@ -19,7 +19,7 @@ from hvdsync.core.loop import Callback, FitResult, fit_loop
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.scaling import scaled_lr
 from hvdsync.registry import build_model
-from hvdsync.tensorflow.models import local_optimizer
+from hvdsync.tensorflow.models import constant_learning_rate, local_optimizer
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer
 from hvdsync.tensorflow.precision import MixedPrecision
 from hvdsync.tensorflow.runtime import init
@@ -106,10 +106,7 @@ class TensorFlowBackend:
     def scale_learning_rate(self, factor: float) -> None:
         """Set the learning rate to ``factor`` times its value at the first call (the growing batch's rule,
         :class:`hvdsync.core.adaptive.GrowthLearningRate`)."""
-        rate = self.optimizer.learning_rate
-        if not hasattr(rate, "assign"):
-            raise ValueError("data.batch_growth: a learning-rate schedule is not allowed with a growing batch; give "
-                             "the optimizer a constant learning rate (train.growth_lr scales it)")
+        rate = constant_learning_rate(self.optimizer)
         if not hasattr(self, "_base_lr"):
             self._base_lr = float(np.asarray(rate))
         rate.assign(self._base_lr * factor)

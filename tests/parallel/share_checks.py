@@ -145,4 +145,60 @@ def tf_checks():
     out["own_loop_steps"] = gather(np.array([len(batches)])).ravel().tolist()
 
     out["growth"] = _growth_run(hs.fit, lambda b: float(np.asarray(b.optimizer.learning_rate)))
+    out["keras_growth"] = _keras_growth_run(data, gather)
     return out
+
+
+def _keras_growth_run(data, gather):
+    """A growing batch through Keras' own ``fit`` on the plan's ``tf.data`` stream (the sampler from the config, no
+    other hvdsync callback): optimizer steps, samples read (counted in the lookup), learning rate, per epoch."""
+    import warnings
+
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import hvdsync.tensorflow as hs
+    from hvdsync.core.monitor import fingerprint, spread
+    from hvdsync.tensorflow.callbacks import BroadcastGlobalVariablesCallback
+
+    cfg = _config(batch_growth={1: 2, 2: 4})
+    n = len(data.x_train)
+    reads = []
+
+    def count(i):
+        reads.append(i.numpy().copy())
+        return i
+
+    def lookup(i):
+        i = tf.py_function(count, [i], tf.int64)
+        i.set_shape((None,))
+        return tf.gather(x, i), tf.gather(y, i)
+
+    class PerEpoch(keras.callbacks.Callback):
+        def __init__(self):
+            self.steps, self.reads, self.lrs = [], [], []
+
+        def on_epoch_begin(self, epoch, logs=None):  # after the sampler's: the rate this epoch trains with
+            self.lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
+            self.start, self.iterations = len(reads), int(self.model.optimizer.iterations.numpy())
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.steps.append(int(self.model.optimizer.iterations.numpy()) - self.iterations)
+            mine = np.concatenate(reads[self.start:])
+            self.reads.append(np.bincount(mine, minlength=n))
+
+    x, y = tf.constant(data.x_train), tf.constant(data.y_train)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=hs.distributed_optimizer(keras.optimizers.SGD(cfg.train.lr)), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    sampler = hs.PlanSampler.from_config(cfg, n)
+    per_epoch = PerEpoch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(sampler.dataset(lookup), epochs=EPOCHS, verbose=0, shuffle=False,
+                  callbacks=[sampler, per_epoch, BroadcastGlobalVariablesCallback(0)])
+    fp = hvd.allgather(tf.constant([fingerprint([v.numpy() for v in model.trainable_variables])]), name="kgrow.fp")
+    return {"steps": per_epoch.steps, "lrs": per_epoch.lrs, "param_spread": spread(fp.numpy()),
+            "reads_per_epoch": gather(np.stack(per_epoch.reads)[None]).sum(0).tolist(),
+            "warnings": [str(w.message) for w in caught]}

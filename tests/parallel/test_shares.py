@@ -62,3 +62,14 @@ def test_a_growing_batch_cuts_all_reduces_and_scales_the_learning_rate(checks):
     assert g["sync_rounds"] == steps                                   # counted: tensors handed to Horovod / layers
     assert g["lrs"] == pytest.approx([0.05, 0.05 * 2 ** 0.5, 0.1])       # train.growth_lr: sqrt (default)
     assert g["accuracy"] >= 0.85
+
+
+def test_a_growing_batch_through_keras_fit_reads_every_sample_once_and_scales_the_rate(checks):
+    if "keras_growth" not in checks[0]:
+        pytest.skip("Keras fit: TensorFlow only")
+    g = checks[0]["keras_growth"]
+    assert g["steps"] == [math.ceil(1348 / b) for b in (64, 128, 256)]      # the grown epochs end where the plan does
+    assert all(set(epoch) == {1} for epoch in g["reads_per_epoch"])          # counted in the user's lookup
+    assert g["lrs"] == pytest.approx([0.05, 0.05 * 2 ** 0.5, 0.1])            # train.growth_lr (sqrt), set by the sampler
+    assert g["param_spread"] == 0.0 and checks[1]["keras_growth"]["param_spread"] == 0.0
+    assert not [w for w in g["warnings"] if "ran out of data" in w]          # no false alarm from Keras per epoch

@@ -112,3 +112,21 @@ def test_bad_growth_rule_and_elastic_combination_fail_in_the_config():
         Config.from_dict({"train": {"growth_lr": "cube"}})
     with pytest.raises(ConfigError, match="^data.shares: 'adaptive' is not allowed with elastic training"):
         Config.from_dict({"data": {"shares": "adaptive"}, "elastic": {"enabled": True}})
+
+
+def test_the_test_slowdown_is_busy_before_the_work_in_proportion_to_its_samples():
+    # Lower bounds only: a busy wait lasts at least until its deadline, whatever the machine's load.
+    import time
+
+    from hvdsync.core.profiling import PhaseTimer
+
+    timer = PhaseTimer()
+    timer.slow_down(3.0)
+    with timer.phase("compute", samples=100):  # nothing measured yet: busy *after* it, 2x its own time
+        time.sleep(0.01)                          # >= 1e-4 s per sample
+    assert timer.seconds["compute"] >= 3 * 0.01
+    before = time.perf_counter()
+    with timer.phase("compute", samples=200):
+        entered = time.perf_counter()             # the busy wait came first: before any gradient could leave
+        time.sleep(0.01)
+    assert entered - before >= 2 * 1e-4 * 200     # (slowdown - 1) x seconds per sample x samples
