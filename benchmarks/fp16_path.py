@@ -11,6 +11,8 @@ tensor, interleaved (variant a, b, c, ... then again), median of ``--reps`` (the
 * ``cast 32->16->32``: encoding and decoding alone (two ``Tensor.to``), no communication;
 * ``allreduce float16``: Horovod's all-reduce of an already-cast float16 tensor: the wire and Horovod's float16
   sum, no cast;
+* ``... op=Sum``: the same two all-reduces without the average's postscale (Horovod scales the summed buffer by
+  1/size after the reduction; a Sum skips that pass), to tell the reduction's cost from the scaling's;
 * ``Horovod fp16``: ``hvd.allreduce(x, compression=hvd.Compression.fp16)``, Horovod's own compressor;
 * ``hvdsync fp16``: the same through hvdsync's :class:`~hvdsync.torch.compression.CodecCompressor` (what
   ``sync.compression: fp16`` uses), including its wire counter;
@@ -47,6 +49,8 @@ def _worker(numel: int, reps: int) -> dict:
         "allreduce float32": lambda: hvd.allreduce(x, name="a"),
         "cast 32->16->32": lambda: x.to(torch.float16).to(torch.float32),
         "allreduce float16": lambda: hvd.allreduce(x16, name="b").to(torch.float32),
+        "allreduce float32 op=Sum": lambda: hvd.allreduce(x, name="as", op=hvd.Sum) / hvd.size(),
+        "allreduce float16 op=Sum": lambda: hvd.allreduce(x16, name="bs", op=hvd.Sum).to(torch.float32) / hvd.size(),
         "Horovod fp16": lambda: hvd.allreduce(x, name="c", compression=hvd.Compression.fp16),
         "hvdsync fp16": lambda: hvd.allreduce(x, name="d", compression=hook),
         "allgather float16 + sum": gather_sum,
