@@ -52,6 +52,15 @@ def test_fp16_gradients_travel_as_fp16(checks):
     assert 0 < r["fp16_vs_fp32_max_diff"] < 1e-2   # rounding shows, but only at fp16 precision
 
 
+def test_horovods_float16_sum_is_the_float32_sum_rounded_once(checks):
+    # Bit for bit, on both ranks: the F16C loop (scripts/horovod-patches/0004), its scalar tail (sizes not a
+    # multiple of 8) and a fused tensor at an odd offset, with op=Sum and op=Average (the postscale).
+    for r in checks:
+        assert len(r["float16_sum_mismatches"]) == 2 * 6 + 2
+        assert r["float16_sum_mismatches"] == {k: 0 for k in r["float16_sum_mismatches"]}
+        assert r["float16_sum_dtypes"] == ["torch.float16"]
+
+
 def test_uneven_data_reads_every_sample_once_without_deadlock(checks):
     r = checks[0]
     assert r["uneven_read"] == list(range(101))

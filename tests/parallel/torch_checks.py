@@ -75,6 +75,33 @@ def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):
     out["fp16_rounds"] = b16.wire.snapshot()["tensors"] / b16.grad_tensors
     out["fp16_vs_fp32_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(p16, p_dist))
 
+    # 3b. Horovod's float16 sum itself (Gloo): sizes around the 8-wide F16C loop and its scalar tail, a fused pair
+    # whose second tensor starts at an odd offset, values from subnormal to large. Each rank draws both ranks'
+    # values, so the reference is local: float32 sum of the two float16 values, rounded once to float16 (what
+    # both the vector loop and the scalar tail compute), and for Average that sum times 1/2, rounded again.
+    def halves(n, who):
+        g = torch.Generator().manual_seed(1000 * n + who)
+        scale = torch.tensor([1e-6, 1e-2, 1.0, 3e3])[torch.randint(0, 4, (n,), generator=g)]
+        return (torch.randn(n, generator=g) * scale).half()
+
+    sizes = (1, 7, 8, 9, 1003, 65_537)
+    mismatches = {}
+    for n in sizes:
+        a, b = halves(n, 0), halves(n, 1)
+        want_sum = (a.float() + b.float()).half()
+        want_avg = (want_sum.float() * 0.5).half()
+        mine = a if rank == 0 else b
+        for op, want in (("sum", want_sum), ("average", want_avg)):
+            got = hvd.allreduce(mine, name=f"h16.{op}.{n}", op=hvd.Sum if op == "sum" else hvd.Average)
+            mismatches[f"{op} {n}"] = int((got.view(torch.int16) != want.view(torch.int16)).sum())
+    pair = [(halves(13, r), halves(4099, r)) for r in (0, 1)]
+    got = hvd.grouped_allreduce(list(pair[rank]), op=hvd.Sum, name="h16.fused")
+    for i, t in enumerate(got):
+        want = (pair[0][i].float() + pair[1][i].float()).half()
+        mismatches[f"fused {t.numel()}"] = int((t.view(torch.int16) != want.view(torch.int16)).sum())
+    out["float16_sum_mismatches"] = mismatches
+    out["float16_sum_dtypes"] = sorted({str(t.dtype) for t in got})
+
     # 4. Uneven data: 101 samples, B=8, accumulate=3 -> a short last step, some empty micro-batches.
     xs, ys = x[:101], y[:101]
     uneven_sync = Config.from_dict({"sync": {"accumulate": 3}}).sync
