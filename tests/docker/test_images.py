@@ -62,7 +62,9 @@ def test_cpu_image_holds_no_compiler_and_no_horovod_source(cpu_image):
                   "for t in gcc g++ cc c++ nvcc cmake make; do command -v $t; done; "
                   # Horovod's source tree or sdist (its installed dist-info is expected, its setup.py is not).
                   "find / -xdev \\( -name 'horovod-0.28.1.tar.gz' -o -name setup.py -path '*horovod*' "
-                  "-o -name CMakeLists.txt -path '*horovod*' \\) | head")
+                  "-o -name CMakeLists.txt -path '*horovod*' \\) | head; "
+                  # The frameworks' C++ headers are of no use without a compiler (Dockerfile.cpu drops them).
+                  "ls -d /opt/venv/lib/python3*/site-packages/{tensorflow,torch}/include 2>/dev/null")
     assert out.stdout.strip() == "", out.stdout
     user = _docker("run", "--rm", cpu_image, "id", "-u").stdout.strip()
     assert user != "0"
@@ -80,6 +82,9 @@ def test_gpu_image_builds_horovod_with_nccl(gpu_image):
                     "and __import__('os').path.exists(list(u.find_spec('nvidia.cu13').submodule_search_locations)[0]"
                     " + '/bin/nvcc')))", timeout=600)
     assert probe.stdout.split() == ["13.0", "True", "False"], probe.stdout + probe.stderr
+    headers = _docker("run", "--rm", gpu_image, "bash", "-c", "for t in gcc g++ cc c++ nvcc cmake; do command -v $t; "
+                      "done; ls -d /opt/venv/lib/python3*/site-packages/{tensorflow,torch}/include 2>/dev/null")
+    assert headers.stdout.strip() == "", headers.stdout
 
 
 def test_gpu_image_runs_both_frameworks_without_a_gpu(gpu_image):
