@@ -35,8 +35,6 @@ from hvdsync.core.elastic_loop import fit_elastic_with
 from hvdsync.core.scaling import scaled_lr
 
 
-def _keras_optimizer(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)  # hvdsync's DistributedOptimizer wraps a Keras optimizer
 
 
 def fingerprint(model: keras.Model) -> str:
@@ -49,13 +47,12 @@ class KerasTensors:
     """The Keras part of the elastic state (:class:`hvdsync.core.elastic.Tensors`)."""
 
     def __init__(self, model: keras.Model, optimizer) -> None:
-        keras_optimizer = _keras_optimizer(optimizer)
-        if not keras_optimizer.built:
-            keras_optimizer.build(model.trainable_variables)  # the lazy slots, before anything is listed
-        self.variables = list(model.variables) + list(keras_optimizer.variables)
-        # hvdsync's accumulation sums and pass counter: a joining worker must count passes like the others.
-        self.variables += list(getattr(optimizer, "_sums", [])) + \
-            ([optimizer._passes] if hasattr(optimizer, "_passes") else [])
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)  # the lazy slots, before anything is listed
+        # hvdsync's DistributedOptimizer lists its own variables (the accumulation sums and the pass counter: a
+        # joining worker must count passes like the others) and the wrapped optimizer's (iterations, slots).
+        # Each once: a variable listed twice would be broadcast and checkpointed twice.
+        self.variables = list({id(v): v for v in [*model.variables, *optimizer.variables]}.values())
         self.fingerprint = fingerprint(model)
         self.save()
 
@@ -97,7 +94,8 @@ def follow_world_size(optimizer, base_lr: float, rule: str) -> Callable[[], None
     """A reset callback that sets the Keras optimizer's learning rate for the new world size."""
 
     def callback() -> None:
-        _keras_optimizer(optimizer).learning_rate.assign(scaled_lr(base_lr, hvd.size(), rule))
+        # hvdsync's DistributedOptimizer's learning_rate is the wrapped optimizer's.
+        optimizer.learning_rate.assign(scaled_lr(base_lr, hvd.size(), rule))
 
     return callback
 

@@ -63,10 +63,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       (the shared loop times them, like PyTorch's ``optimizer.synchronize()``/``step()``); it scales each pass's
       loss itself (:mod:`hvdsync.core.scaling`) and builds with ``average_accumulated=False``.
 
+    With ``accumulate=1`` (:attr:`direct`) ``apply_gradients`` all-reduces the gradients it is given and updates at
+    once, as a raw Horovod loop does: the sum variables are neither written nor read (they stay zero), so the wrapper
+    adds no variable traffic and no ``tf.cond`` to the step. The phases keep using the sums.
+
     Every rank must make the same calls in the same order: an all-reduce waits until all ranks have joined it.
     ``iterations``, ``learning_rate`` and ``scale_loss`` are the wrapped optimizer's, so Keras learning-rate
     callbacks and schedules see the real ones; ``iterations`` counts updates, not backward passes.
     """
+
+    # A subclass whose synchronize()/step() carry more than the all-reduce and the update (local SGD's schedule)
+    # sets this: its apply() must go through the phases even at accumulate 1.
+    _phases_in_apply = False
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, compression: str = "none", accumulate: int = 1,
                  op: str = "average", average_accumulated: bool = True, counter: WireCounter | None = None,
@@ -137,6 +145,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 raise ValueError("trainable_variables: None is not allowed before the optimizer is built; pass the "
                                  "variables with the first gradients (apply_gradients(zip(grads, variables)))")
             self.build(trainable_variables)
+        if self.direct:
+            self._reduce_and_apply(grads, trainable_variables)
+            return
         self.accumulate(grads, trainable_variables)
 
         def sync_and_step() -> tf.Tensor:
@@ -162,6 +173,39 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+    @property
+    def direct(self) -> bool:
+        """Whether :meth:`apply` all-reduces each call's gradients straight into the update (``accumulate=1``),
+        without the sum variables (the fast path); else it sums ``accumulate`` calls first."""
+        return self.accumulate_steps == 1 and not self._phases_in_apply
+
+    def _reduce_and_apply(self, grads, trainable_variables) -> None:
+        # The fast path: what accumulate + synchronize + step do for one pass, on tensors instead of the sums.
+        given = dict(zip(self._variable_index(trainable_variables), grads))
+        dense = []
+        for i, v in enumerate(self._trainable_variables):
+            g = given.get(i)
+            if g is None:  # untouched by the loss: zeros, so that every rank hands Horovod the same list
+                g = tf.zeros(v.shape, v.dtype)
+            elif isinstance(g, tf.IndexedSlices):
+                if self.sync.sparse == "allgather":
+                    self._sparse_at.add(i)
+                g = tf.convert_to_tensor(g)  # rows summed, as add_slices sums them into a zero table
+            dense.append(tf.cast(g, v.dtype))
+        self.inner_optimizer.apply(self._reduce(dense), self._trainable_variables)
+
+    def _reduce(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """``grads`` (one per variable, in build order) combined across ranks: the dense ones in one reducer
+        call, the sparse ones (``sync.sparse: allgather``) by their rows."""
+        # Named by position, not after the tape's ops: Horovod pairs the ranks' requests by name (see build()).
+        grads = [tf.identity(g, name=f"hvdsync_grad_{i}") for i, g in enumerate(grads)]
+        dense_at = [i for i in range(len(grads)) if i not in self._sparse_at]
+        reduced = dict(zip(dense_at, allreduce_gradients([grads[i] for i in dense_at], self.reducer) if dense_at else []))
+        for i in sorted(self._sparse_at):  # sync.sparse allgather (a cast codec: the config allows no other)
+            reduced[i] = allgather_rows(grads[i], f"hvdsync_sparse_{i}", self.sync.op == "average",
+                                        self.reducer.compression, self._counter)
+        return [reduced[i] for i in range(len(grads))]
 
     # ---- the phases ------------------------------------------------------------------------------------------
     @property
@@ -203,13 +247,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def synchronize(self) -> None:
         """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
-        sums = [tf.identity(s.value, name=f"hvdsync_grad_{i}") for i, s in enumerate(self._grad_sums)]
-        dense_at = [i for i in range(len(sums)) if i not in self._sparse_at]
-        reduced = dict(zip(dense_at, allreduce_gradients([sums[i] for i in dense_at], self.reducer) if dense_at else []))
-        for i in sorted(self._sparse_at):  # sync.sparse allgather (a cast codec: the config allows no other)
-            reduced[i] = allgather_rows(sums[i], f"hvdsync_sparse_{i}", self.sync.op == "average",
-                                        self.reducer.compression, self._counter)
-        reduced = [reduced[i] for i in range(len(sums))]
+        reduced = self._reduce([s.value for s in self._grad_sums])
         # Keras' mean-loss convention: the k passes of one update are averaged, like one batch k times as large.
         factor = 1.0 / self.accumulate_steps if self.average_accumulated and self.accumulate_steps > 1 else None
         for total, r in zip(self._grad_sums, reduced):

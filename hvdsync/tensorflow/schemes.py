@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hvdsync.core.codecs import WireCounter
 from hvdsync.core.schemes import local_sgd
-from hvdsync.tensorflow.compression import record_on_wire
+from hvdsync.tensorflow.compression import record_all_on_wire
 from hvdsync.tensorflow.optimizer import DistributedOptimizer
 
 
@@ -39,6 +39,8 @@ class LocalSGDOptimizer(DistributedOptimizer):
     :attr:`rounds` is the number of all-reduces issued, counted in an optimizer variable as they are issued (also
     inside ``tf.function``); :meth:`average` makes the ranks agree now (every rank must call it).
     """
+
+    _phases_in_apply = True  # its synchronize() and step() carry the averaging schedule
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, period: int = 1, warmup_steps: int = 0,
                  accumulate: int = 1, average_accumulated: bool = True, counter: WireCounter | None = None,
@@ -67,9 +69,8 @@ class LocalSGDOptimizer(DistributedOptimizer):
     def _allreduce_average(self, variables: list, gradients: int, tag: str) -> None:
         values = [tf.identity(v.value if hasattr(v, "value") else v, name=f"hvdsync_{tag}_{i}")
                   for i, v in enumerate(variables)]
-        for i, t in enumerate(values):
-            # Slot variables ride in the parameters' round: their bytes count, the round once.
-            record_on_wire(self.counter, t, gradients=int(i < gradients))
+        # Slot variables ride in the parameters' round: their bytes count, the round once.
+        record_all_on_wire(self.counter, values, [int(i < gradients) for i in range(len(values))])
         for v, r in zip(variables, hvd.grouped_allreduce(values, op=hvd.Average)):
             v.assign(r)
         self._rounds.assign_add(1)

@@ -32,6 +32,11 @@ def keras_fit(cfg_dict: dict) -> dict:
                                                      sync=cfg.sync),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     state = hs.elastic_state(model, model.optimizer, cfg, entries=[])
+    # What a commit saves and a joining worker is sent: every accumulation sum and the pass counter, once each.
+    listed = [id(v) for v in state.tensors.variables]
+    own = [*model.optimizer.gradient_sums, model.optimizer._passes, *model.optimizer.inner_optimizer.variables]
+    state_lists = {"optimizer_variables_once": [listed.count(id(v)) for v in own],
+                   "unique": len(set(listed)) == len(listed)}
 
     class Faults(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
@@ -49,4 +54,4 @@ def keras_fit(cfg_dict: dict) -> dict:
     os.environ["HOROVOD_RANK"] = str(hvd.rank())  # the launcher reads rank 0's result by the rank of now
     return {"rank": hvd.rank(), "size": hvd.size(), "steps": state.position.step, "epoch": state.position.epoch,
             "resets": state.events, "entries": state.user["entries"], "accuracy": correct / len(data.y_test),
-            "spread": monitor.spread(fingerprints.numpy())}
+            "spread": monitor.spread(fingerprints.numpy()), **state_lists}
