@@ -211,7 +211,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     @property
     def gradient_sums(self) -> list:
         """The gradient variables: this rank's sums between passes, the reduced gradients after :meth:`synchronize`
-        (until :meth:`step` clears them)."""
+        (until :meth:`step` clears them, or with ``step(clear=False)`` until the next fresh pass). The fast path of
+        :meth:`apply` (:attr:`direct`) does not use them."""
         return list(self._grad_sums)
 
     @property
@@ -230,20 +231,35 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"trainable_variables: {missing} is not allowed; the optimizer was built over other "
                              "variables (build it over model.trainable_variables)") from None
 
-    def accumulate(self, grads: Sequence[tf.Tensor | None], trainable_variables=None) -> None:
+    def accumulate(self, grads: Sequence[tf.Tensor | None], trainable_variables=None, fresh: bool = False) -> None:
         """Add one backward pass's gradients (for ``trainable_variables``, default: all, in build order). ``None``
         (a variable the loss does not touch) adds nothing; that variable still takes part in the all-reduce, so
-        every rank hands Horovod the same list of tensors."""
+        every rank hands Horovod the same list of tensors. ``fresh``: the first pass of an update; the sums start
+        from these gradients (zeros where none), whatever ``step(clear=False)`` left in them."""
+        given = set()
         for i, g in zip(self._variable_index(trainable_variables), grads):
-            if g is not None:
-                if isinstance(g, tf.IndexedSlices) and self.sync.sparse == "allgather":
-                    self._sparse_at.add(i)
-                    add_slices(self._grad_sums[i], g)  # its rows only; synchronize() sends the rows it holds
-                    continue
-                if isinstance(g, tf.IndexedSlices):  # embeddings under sync.sparse dense: Horovod's sparse_as_dense
-                    g = tf.convert_to_tensor(g)
-                self._grad_sums[i].assign_add(tf.cast(g, self._grad_sums[i].dtype))
+            if g is None:
+                continue
+            given.add(i)
+            total = self._grad_sums[i]
+            if isinstance(g, tf.IndexedSlices) and self.sync.sparse == "allgather":
+                self._sparse_at.add(i)
+                if fresh:
+                    total.assign(tf.zeros_like(total))
+                add_slices(total, g)  # its rows only; synchronize() sends the rows it holds
+                continue
+            if isinstance(g, tf.IndexedSlices):  # embeddings under sync.sparse dense: Horovod's sparse_as_dense
+                g = tf.convert_to_tensor(g)
+            g = tf.cast(g, total.dtype)
+            total.assign(g) if fresh else total.assign_add(g)  # assign: no read of the old sum, no zeroing pass
+        if fresh:
+            self.clear([i for i in range(len(self._grad_sums)) if i not in given])
         self._passes.assign_add(1)
+
+    def clear(self, positions: Sequence[int] | None = None) -> None:
+        """Set the gradient sums (at ``positions``, default: all) to zero."""
+        for i in range(len(self._grad_sums)) if positions is None else positions:
+            self._grad_sums[i].assign(tf.zeros_like(self._grad_sums[i]))
 
     def synchronize(self) -> None:
         """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
@@ -253,11 +269,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         for total, r in zip(self._grad_sums, reduced):
             total.assign(r if factor is None else r * tf.cast(factor, r.dtype))
 
-    def step(self) -> None:
-        """Apply the (synchronized) gradients with the wrapped optimizer and start the next sum from zero."""
+    def step(self, clear: bool = True) -> None:
+        """Apply the (synchronized) gradients with the wrapped optimizer.
+
+        Args:
+            clear: start the next sum from zero now. ``False`` leaves the reduced gradients in
+                :attr:`gradient_sums` (readable, e.g. for their norm) until the next update's first
+                ``accumulate(..., fresh=True)`` overwrites them, or :meth:`clear` (as ``optimizer.zero_grad()`` at a
+                PyTorch step's start): one pass over the sums fewer per step.
+        """
         self.inner_optimizer.apply([s.value for s in self._grad_sums], self._trainable_variables)
-        for total in self._grad_sums:
-            total.assign(tf.zeros_like(total))
+        if clear:
+            self.clear()
 
 
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None = None, sync=None, *,

@@ -93,9 +93,9 @@ class LocalSGDOptimizer(DistributedOptimizer):
             for total in self._grad_sums:
                 total.assign(total / tf.cast(self.accumulate_steps, total.dtype))
 
-    def step(self) -> None:
+    def step(self, clear: bool = True) -> None:
         """The local update, then the average when the schedule says so (every rank takes the same branch)."""
-        super().step()
+        super().step(clear)
         self._local_steps.assign_add(1)
 
         def average() -> tf.Tensor:

@@ -28,8 +28,8 @@ from hvdsync.tensorflow.runtime import init
 class TensorFlowBackend:
     """The TensorFlow side of :class:`hvdsync.core.loop.Backend`.
 
-    A step is ``accumulate`` calls of a traced backward pass, one traced all-reduce and one traced update: three
-    small ``tf.function`` graphs, so that the loop's phase timer sees compute, sync wait and update apart.
+    A step is ``accumulate`` calls of a traced backward pass, one traced all-reduce and one traced update: small
+    ``tf.function`` graphs, so that the loop's phase timer sees compute, sync wait and update apart.
     """
 
     framework = "tensorflow"
@@ -56,10 +56,14 @@ class TensorFlowBackend:
         x_shape = (None, *input_shape) if input_shape is not None else (None,) + tuple(model.input_shape[1:])
         spec = [tf.TensorSpec(x_shape, tf.float32), tf.TensorSpec((None,), tf.int64),
                 tf.TensorSpec((), tf.float32)]
+        # A step's first pass overwrites the sums (the update left the reduced gradients there, for grad_norm), the
+        # others add to them: two graphs, so that neither reads a flag at run time.
+        self._first_backward = tf.function(self._first_pass, input_signature=spec)
         self._backward = tf.function(self._backward_pass, input_signature=spec)
-        self._synchronize = tf.function(self._synchronize_and_norm)
-        self._grad_norm = None  # the last step's reduced gradient norm, a tensor (read only when asked)
-        self._update = tf.function(self.optimizer.step)
+        self._clear = tf.function(self.optimizer.clear)
+        self._synchronize = tf.function(self.optimizer.synchronize)
+        self._update = tf.function(lambda: self.optimizer.step(clear=False))
+        self._norm = None  # traced on the first grad_norm() call: monitoring asks every monitor.every steps
 
     @property
     def grad_tensors(self) -> int:
@@ -69,7 +73,10 @@ class TensorFlowBackend:
         """Re-read rank and world size (they change when an elastic job resets)."""
         self.rank, self.size = hvd.rank(), hvd.size()
 
-    def _backward_pass(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+    def _first_pass(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+        return self._backward_pass(x, y, scale, fresh=True)
+
+    def _backward_pass(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor, fresh: bool = False) -> tf.Tensor:
         with tf.GradientTape() as tape:
             logits = tf.cast(self.model(x, training=True), tf.float32)  # the loss in float32 under mixed precision
             if self.loss is None:
@@ -79,26 +86,23 @@ class TensorFlowBackend:
             # Summed loss times the global-step scale (hvdsync.core.scaling): the optimizer *adds* each pass's
             # gradients, so after `accumulate` passes the sum is the gradient of the mean over the whole global step.
             scaled = self.precision.scale_loss(loss * scale)
-        self.optimizer.accumulate(tape.gradient(scaled, self.model.trainable_variables))
+        self.optimizer.accumulate(tape.gradient(scaled, self.model.trainable_variables), fresh=fresh)
         return loss
 
-    def _synchronize_and_norm(self) -> tf.Tensor:
-        self.optimizer.synchronize()
-        # The reduced gradients sit in the optimizer's sums until step() clears them: their norm now, in the same
-        # graph (one pass over the gradients), for the monitor's grad_norm as in PyTorch.
-        return tf.linalg.global_norm([tf.cast(s, tf.float32) for s in self.optimizer.gradient_sums])
-
     def train_step(self, micro, scale: float) -> float:
-        total = 0.0
+        total, first = 0.0, True
         scale = tf.constant(scale, tf.float32)
         for x, y in micro:
             if len(y) == 0:  # nothing to read on this rank in this micro-batch; the all-reduce below still joins in
                 continue
             with self.timer.phase("compute", samples=len(y)):
-                total += float(self._backward(x, y, scale))
+                total += float((self._first_backward if first else self._backward)(x, y, scale))
+            first = False
+        if first:  # no samples here this step: the last step's reduced gradients must not go out again
+            self._clear()
         with self.timer.phase("sync_wait"):
             # One all-reduce for the `accumulate` passes above; every rank runs as many passes, so none waits forever.
-            self._grad_norm = self._synchronize()
+            self._synchronize()
         with self.timer.phase("update"):
             self._update()
         return total
@@ -123,8 +127,13 @@ class TensorFlowBackend:
         return [np.asarray(v.numpy()) for v in self.model.trainable_variables]
 
     def grad_norm(self) -> float:
-        """L2 norm of the last step's (all-reduced) gradient, for the monitor (``monitor/grad_norm``)."""
-        return float(self._grad_norm) if self._grad_norm is not None else 0.0
+        """L2 norm of the last step's (all-reduced) gradient, for the monitor (``monitor/grad_norm``): computed
+        when asked, from the optimizer's sums, where the update leaves it (as PyTorch's ``.grad``); 0 before the
+        first step."""
+        if self._norm is None:
+            self._norm = tf.function(
+                lambda: tf.linalg.global_norm([tf.cast(s, tf.float32) for s in self.optimizer.gradient_sums]))
+        return float(self._norm())
 
 
 def build(cfg, data: datasets.Dataset, broadcast: bool = True, model: keras.Model | None = None,

@@ -77,6 +77,16 @@ def test_k_micro_batches_with_accumulate_k_equal_one_batch_with_one_allreduce_pe
     assert acc["rounds"] == acc["steps"] == acc["passes"] / 4
 
 
+def test_grad_norm_asked_after_the_step_is_the_last_updates_gradient(ranks):
+    # Plain SGD: the last update moved the parameters by lr x the reduced gradient; grad_norm() reads that gradient
+    # (left in the sums by the update, overwritten by the next step's first pass), the same on every rank.
+    for name in ("even", "accumulate", "uneven"):
+        got = [r[name] for r in ranks]
+        assert got[0]["grad_norm"] > 1e-3, name
+        assert got[0]["grad_norm"] == pytest.approx(got[0]["update_norm"], rel=1e-4), name
+        assert got[0]["grad_norm"] == got[1]["grad_norm"], name
+
+
 def test_uneven_data_every_rank_runs_the_same_steps_and_matches_one_process(ranks):
     # 101 samples, 2 ranks x 8, accumulate 3: the last step holds 5 samples (3 + 2; one rank has an empty micro-batch).
     uneven = [r["uneven"] for r in ranks]
@@ -155,6 +165,19 @@ def test_keras_fit_on_2_workers_equals_plain_keras_on_1_with_twice_the_batch(ran
         assert got["max_diff"] < TOL and got["moved"] > 1e-2, name
     assert ranks[0]["keras_uneven_spe3"]["iterations"] == 2 * 7  # 7 steps per epoch, one update each
     assert ranks[0]["keras_even"]["state"] == {"epoch": 1, "consumed": 96}  # the sampler followed training
+
+
+def test_keras_fit_at_accumulate_1_takes_the_fast_path_and_matches_the_accumulating_one(ranks):
+    for r in ranks:
+        even, acc = r["keras_even"], r["keras_accumulate"]
+        assert even["direct"] and not even["sums_written"] and even["passes"] == 0  # no sum variable touched
+        assert not acc["direct"] and acc["passes"] == acc["batches"]
+        assert even["wire"]["tensors"] == even["steps"] * even["grad_tensors"]  # one grouped all-reduce per step
+    # The same global batches: 2 ranks x 1 batch of 8 straight to the all-reduce (no sums) vs 2 ranks x 4 micro-
+    # batches of 2 summed in the variables; and vs the shared loop's phases (sums) on the same plan.
+    for other in ("keras_accumulate", "even"):
+        for a, b in zip(ranks[0]["keras_even"]["params"], ranks[0][other]["params"]):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
 def test_keras_accumulate_4_all_reduces_once_per_4_batches_and_fp16_goes_on_the_wire(ranks):

@@ -59,7 +59,7 @@ def check_fit(n: int, batch_size: int, accumulate: int, epochs: int, compression
     """The shared loop with the TensorFlow backend vs the plain-Keras reference on the same samples."""
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.loop import fit_loop
+    from hvdsync.core.loop import Callback, fit_loop
     from hvdsync.core.sharding import ShardPlan
     from hvdsync.core.tracking import Tracker
     from hvdsync.tensorflow import build, init
@@ -70,11 +70,21 @@ def check_fit(n: int, batch_size: int, accumulate: int, epochs: int, compression
     data = _dataset(n)
     backend = build(cfg, data)
     start = _weights(backend.model)  # rank 0's, after the broadcast
-    result = fit_loop(cfg, backend, data, tracker=Tracker())
+    before_last = []
+
+    class KeepBefore(Callback):  # the parameters before each step: the last step's update is lr x its gradient
+        def on_step_begin(self, ctx):
+            before_last[:] = _weights(backend.model)
+
+    result = fit_loop(cfg, backend, data, tracker=Tracker(), callbacks=[KeepBefore()])
     out = {"steps": result.optimizer_steps, "passes": result.backward_passes, "rounds": result.allreduce_rounds,
            "wire": result.wire, "spread": result.param_spread, "grad_tensors": backend.grad_tensors,
            "elements": sum(int(v.numpy().size) for v in backend.model.trainable_variables)}
     out["params"] = params = _weights(backend.model)
+    # grad_norm() is computed when asked, after the update: it must still see the last step's reduced gradient.
+    lr = float(np.asarray(backend.optimizer.learning_rate))
+    out["grad_norm"] = backend.grad_norm()
+    out["update_norm"] = float(np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(before_last, params)))) / lr
     if hvd.rank() == 0:
         plan = ShardPlan(n, hvd.size(), batch_size, accumulate, SEED, True)
         ref = reference(start, data, plan, epochs)
@@ -294,7 +304,10 @@ def check_keras_fit(n: int, accumulate: int = 1, epochs: int = 2, steps_per_exec
            "batches": sum(len(s.micro) for s in sampler.plan.epoch(0, hvd.rank())) * epochs,
            "steps": sampler.plan.steps_per_epoch() * epochs, "grad_tensors": len(model.trainable_variables),
            "elements": sum(int(v.numpy().size) for v in model.trainable_variables),
-           "state": sampler.state_dict(), "run_id": tracker.run_id if tracker else None}
+           "state": sampler.state_dict(), "run_id": tracker.run_id if tracker else None,
+           # The fast path (accumulate 1) leaves the sum variables and the pass counter untouched.
+           "direct": opt.direct, "passes": int(opt._passes.numpy()),
+           "sums_written": any(bool(np.any(s.numpy())) for s in opt.gradient_sums)}
     if hvd.rank() == 0:
         from hvdsync.core.sharding import ShardPlan
 
