@@ -36,8 +36,8 @@
 #
 # Both run on 2 Horovod workers below (a wide batch of 2,048 per rank, so that computing, not the all-reduce,
 # fills a step), with rank 1 made 2x slower by the *test-only* `data.test_slow_rank` /
-# `data.test_slowdown` (it keeps its CPU busy as long again after each forward and backward pass, like a processor at
-# half speed).
+# `data.test_slowdown` (before each forward and backward pass it keeps its CPU busy as long as that pass usually
+# takes for its samples, like a processor at half speed).
 
 # %%
 import time

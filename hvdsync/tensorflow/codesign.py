@@ -106,14 +106,14 @@ def batchnorm_statistics(rows: tuple[int, ...] = (5, 3), channels: int = 4, seed
 
 
 def batchnorm_comparison(batch_sizes: tuple[int, ...] = (2, 4, 16), epochs: int = 2, hidden: int = 64,
-                         lr: float = 0.05, seed: int = 0) -> list[dict]:
+                         lr: float = 0.05, seed: int = 0, test_fraction: float = 0.25) -> list[dict]:
     """The same as :func:`hvdsync.torch.codesign.batchnorm_comparison`, through :func:`hvdsync.tensorflow.fit`."""
     from hvdsync.core import data as datasets
     from hvdsync.core.batchnorm import compare_local_and_sync, whole_batches
     from hvdsync.tensorflow.train import fit
 
     hvd.init()
-    data = whole_batches(datasets.digits(0.25, seed), hvd.size(), batch_sizes)
+    data = whole_batches(datasets.digits(test_fraction, seed), hvd.size(), batch_sizes)
 
     def train(cfg, synchronised: bool):
         keras.utils.set_random_seed(seed)
