@@ -9,11 +9,12 @@
    throughput is the model's gamma), loopback TCP latency and bandwidth.
 2. Horovod on ``--np`` local workers (:func:`hvdsync.torch.measure.collective_times`): ring all-reduce, sharded
    parameter server (alltoall push + local sum, allgather pull), single server (alltoall to rank 0 + broadcast),
-   gossip neighbour exchange, and the pieces: one Horovod call (a 4-byte all-reduce), the push, the pull, and
-   Horovod's own reducescatter. One warm-up round, then rounds that visit every size and pattern in turn; every
+   gossip neighbour exchange, and the pieces: one Horovod call (a 4-byte all-reduce), allocating and filling a
+   buffer (fresh memory: each call's new output tensors pay it), the push, the pull, and Horovod's own
+   reducescatter. One warm-up round, then rounds that visit every size and pattern in turn; every
    result checked; the median per size and pattern (each timing is the slowest rank's).
-3. The link fitted to the ring medians (:func:`hvdsync.core.costmodel.fit_link`): the per-call cost measured apart
-   (the 4-byte all-reduce) and gamma from step 1 are subtracted, alpha and beta fitted. Then predicted / measured
+3. The link fitted to the ring medians (:func:`hvdsync.core.costmodel.fit_link`): the per-call cost and the fresh
+   memory cost measured apart (step 2) and gamma from step 1 are subtracted, alpha and beta fitted. Then predicted / measured
    per size and pattern with :func:`~hvdsync.core.costmodel.horovod_time` (the calls and the algorithms Horovod
    runs on Gloo); the textbook schedules (:func:`~hvdsync.core.costmodel.predict`, fitted without the call term)
    for comparison. The target: every ratio within 1/1.5 .. 1.5.
@@ -31,6 +32,7 @@ import json
 import os
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,18 +61,23 @@ def run(sizes_mib: list[float], repeats: int, np: int = 2) -> dict:
     times = per_rank[0]["times"]
     medians = {p: {s: statistics.median(times[p][s]) for s in sizes} for p in PATTERNS + PIECES}
     call = statistics.median(t for s in sizes for t in times["call"][s])
+    # Fresh memory per size: glibc serves big allocations (>= 32 MiB) by mmap, whose pages fault in on first
+    # write, and smaller ones from the heap it keeps: the cost per byte jumps with the size.
+    mu = {s: medians["fresh"][s] / s for s in sizes}
     gamma = facts["memory"]["gamma"]
     ring = [medians["ring"][s] for s in sizes]
-    link = costmodel.fit_link(sizes, ring, np, gamma=gamma, name="this machine, fitted", call=call)
+    link = costmodel.fit_link(sizes, ring, np, gamma=gamma, name="this machine, fitted", call=call,
+                              mu=[mu[s] for s in sizes])
+    at = {s: replace(link, mu=mu[s]) for s in sizes}
     textbook = costmodel.fit_link(sizes, ring, np, gamma=gamma, name="this machine, fitted (textbook)")
-    ratios = {p: {s: costmodel.horovod_time(p, s, np, link) / medians[p][s] for s in sizes} for p in MODELLED}
+    ratios = {p: {s: costmodel.horovod_time(p, s, np, at[s]) / medians[p][s] for s in sizes} for p in MODELLED}
     textbook_ratios = {p: {s: costmodel.predict(p, s, np, textbook) / medians[p][s] for s in sizes}
                        for p in PATTERNS}
     rank0 = {p: costmodel.horovod_rank0_bytes(p, max(sizes), np) for p in PATTERNS}
     fabrics = {n: costmodel.fabric_table(MODEL_BYTES, n) for n in (8, 64)}
     return {"machine": facts, "np": np, "sizes": sizes, "repeats": repeats, "medians": medians, "ratios": ratios,
             "textbook_ratios": textbook_ratios, "wrong": wrong, "rank0_bytes": rank0,
-            "fit": {"call": call, "alpha": link.alpha, "beta": link.beta, "gamma": link.gamma},
+            "fit": {"call": call, "mu": {str(s): m for s, m in mu.items()}, "alpha": link.alpha, "beta": link.beta, "gamma": link.gamma},
             "fit_textbook": {"alpha": textbook.alpha, "beta": textbook.beta},
             "fabrics": fabrics, "model_bytes": MODEL_BYTES}
 
@@ -101,8 +108,11 @@ def show(doc: dict) -> None:
     if n > m["usable_cpus"]:
         print(f"  {n} workers on {m['usable_cpus']} usable cores: oversubscribed (the processes take turns)")
     fit, tb = doc["fit"], doc["fit_textbook"]
-    print(f"one Horovod call (4-byte all-reduce, median): {fit['call'] * 1e3:.2f} ms; fit to the ring medians "
-          f"after it: alpha = {fit['alpha'] * 1e6:.1f} us, beta = 1 / ({1 / fit['beta'] / 1e9:.2f} GB/s)"
+    mus = list(fit["mu"].values())
+    print(f"measured apart: one Horovod call (4-byte all-reduce) {fit['call'] * 1e3:.2f} ms, fresh memory "
+          f"(allocate + fill) 1 / ({1 / max(mus) / 1e9:.2f} .. {1 / min(mus) / 1e9:.2f} GB/s) by size;\n"
+          "fit to the ring medians after them: "
+          f"alpha = {fit['alpha'] * 1e6:.1f} us, beta = 1 / ({1 / fit['beta'] / 1e9:.2f} GB/s)"
           if fit["beta"] else f"fit: {fit}")
     print(f"\nmedian (ms) and predicted / measured (horovod_time), {n} workers, {doc['repeats']} rounds:")
     _table(doc, PATTERNS, doc["ratios"])

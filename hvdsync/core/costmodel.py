@@ -63,6 +63,8 @@ class Link:
         call: seconds per *library call* before any byte moves (:func:`horovod_time`): Horovod queues the request
             for its background thread's next cycle and rank 0 negotiates it with every rank. 0 in the textbook
             patterns (:func:`predict`).
+        mu: seconds per byte written into freshly allocated memory (the output tensors and scratch buffers a call
+            allocates: page faults and first writes; :data:`FRESH_BYTES`). 0 in the textbook patterns.
     """
 
     alpha: float
@@ -70,6 +72,7 @@ class Link:
     gamma: float = 0.0
     name: str = ""
     call: float = 0.0
+    mu: float = 0.0
 
     @property
     def bandwidth(self) -> float:
@@ -177,7 +180,7 @@ def busiest_rank_bytes(pattern: str, size_bytes: float, n: int, servers: int = 1
 
 # ---- fitting ---------------------------------------------------------------------------------------------------
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gamma: float = 0.0,
-             name: str = "fitted", call: float = 0.0) -> Link:
+             name: str = "fitted", call: float = 0.0, mu: float | Sequence[float] = 0.0) -> Link:
     """Fit alpha and beta of the ring model to measured all-reduce times (``gamma`` given, e.g. measured apart).
 
     Least squares on the *relative* error (each row divided by its measurement), so a 1 MiB point counts as much
@@ -190,6 +193,9 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gam
         gamma: seconds per byte of the reduction, subtracted before fitting.
         call: seconds per Horovod call (measured apart: a 4-byte all-reduce), subtracted before fitting; the fitted
             link then predicts :func:`horovod_time`, and alpha is what each Gloo message costs on top.
+        mu: seconds per byte of fresh memory (measured apart; one figure, or one per size: allocations above
+            glibc's mmap threshold fault in every page, smaller ones reuse the heap), times the all-reduce's fresh
+            bytes, subtracted too. The link returned carries the first one.
     """
     s = np.asarray(sizes_bytes, dtype=np.float64)
     t = np.asarray(seconds, dtype=np.float64)
@@ -198,7 +204,8 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gam
     if n < 2:
         raise ValueError(f"n: {n!r} is not allowed; a fit needs at least 2 ranks (1 rank sends nothing)")
     base = replace(Link(0.0, 0.0, gamma), name=name)
-    rhs = t - call - np.array([ring_time(x, n, base) for x in s])   # what alpha and beta must explain
+    mus = np.broadcast_to(np.asarray(mu, dtype=np.float64), s.shape)
+    rhs = t - call - mus * s * FRESH_BYTES["ring"](n) - np.array([ring_time(x, n, base) for x in s])  # alpha, beta
     a_col = np.full_like(s, 2.0 * (n - 1))
     b_col = np.array([ring_bytes_per_rank(n, x) for x in s])
     w = 1.0 / t
@@ -208,7 +215,7 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gam
         alpha, beta = 0.0, float(np.linalg.lstsq(design[:, 1:], rhs * w, rcond=None)[0][0])
     elif beta < 0:
         alpha, beta = float(np.linalg.lstsq(design[:, :1], rhs * w, rcond=None)[0][0]), 0.0
-    return Link(float(max(alpha, 0.0)), float(max(beta, 0.0)), gamma, name, call)
+    return Link(float(max(alpha, 0.0)), float(max(beta, 0.0)), gamma, name, call, float(mus[0]))
 
 
 def prediction_ratios(link: Link, sizes_bytes: Sequence[float], seconds: Sequence[float], n: int,
@@ -236,9 +243,8 @@ def _pull(s: float, n: int, link: Link) -> float:
 
 def _halving_doubling(s: float, n: int, link: Link) -> float:
     """hvd.reducescatter: gloo::ReduceScatterHalvingDoubling, log2(n) steps exchanging S/2, S/4, ... and adding
-    them (no overlap of the additions with the transfers). The bytes only: its per-call scratch buffers (two of
-    the whole size, zeroed) and Horovod's copy into a third are not in it; ``benchmarks/costmodel.py`` measures
-    what they cost."""
+    them (no overlap of the additions with the transfers); its per-call scratch buffers (two of the whole size,
+    zeroed) and Horovod's copy into a third are in :data:`FRESH_BYTES`."""
     return link.call + _log2(n) * link.alpha + (n - 1) / n * s * (link.beta + link.gamma)
 
 
@@ -256,6 +262,21 @@ EXECUTED: dict[str, Callable[[float, int, Link], float]] = {
     # alltoall of the whole buffer to d = min(2, n-1) neighbours (no reduction inside the collective).
     "gossip": lambda s, n, link: link.call + min(2, n - 1) * (link.alpha + s * link.beta),
     "reducescatter": _halving_doubling,
+}
+
+
+# Bytes of freshly allocated memory each pattern writes per call, in multiples of S (the busiest rank: rank 0 for
+# the one server). Horovod allocates every output tensor anew; hvd.allreduce copies the input into it first; the
+# alltoall receives into its output; hvd.reducescatter copies the input into a temporary of S, and gloo's
+# halving-doubling allocates and zeroes two scratch vectors of S more.
+FRESH_BYTES: dict[str, Callable[[int], float]] = {
+    "ring": lambda n: 1.0,
+    "push": lambda n: 1.0 + 1.0 / n,                  # the alltoall's output, the owner's sum
+    "pull": lambda n: 1.0,
+    "sharded_ps": lambda n: 2.0 + 1.0 / n,
+    "ps": lambda n: n + 2.0,                          # rank 0: n buffers received, their sum, the broadcast's output
+    "gossip": lambda n: 2.0 * min(2, n - 1),          # the repeated send buffer, the received one
+    "reducescatter": lambda n: 3.0 + 1.0 / n,
 }
 
 
@@ -277,7 +298,7 @@ def horovod_time(pattern: str, size_bytes: float, n: int, link: Link) -> float:
         fn = EXECUTED[pattern]
     except KeyError:
         raise ValueError(f"pattern: {pattern!r} is not allowed; choose one of: {', '.join(EXECUTED)}") from None
-    return fn(size_bytes, n, link)
+    return fn(size_bytes, n, link) + link.mu * size_bytes * FRESH_BYTES[pattern](n)
 
 
 def horovod_rank0_bytes(pattern: str, size_bytes: float, n: int) -> tuple[float, float]:

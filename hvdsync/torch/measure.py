@@ -10,7 +10,8 @@ pattern built from Horovod's collectives exactly as the sync modes do it (:mod:`
 * ``gossip``: ``hvd.alltoall`` with the ring neighbours.
 
 and, to take the sharded PS apart (:data:`PIECES`): ``call`` (a 4-byte ``hvd.allreduce``: the fixed cost of one
-Horovod call, whatever the size), ``push`` and ``pull`` alone, and ``reducescatter`` (Horovod's own
+Horovod call, whatever the size), ``fresh`` (allocating and filling a buffer of the size: what a call pays per
+byte of each new output tensor), ``push`` and ``pull`` alone, and ``reducescatter`` (Horovod's own
 ``hvd.reducescatter``, which the push replaced: slower here, and racy; see :mod:`hvdsync.torch.schemes.ps`).
 
 Honest timing on a shared machine: one untimed warm-up round of every size and pattern first, then ``repeats``
@@ -31,7 +32,7 @@ from hvdsync.core.schemes.ps import push_splits
 from hvdsync.torch.schemes.ps import push
 
 PATTERNS = ("ring", "sharded_ps", "ps", "gossip")
-PIECES = ("call", "push", "pull", "reducescatter")
+PIECES = ("call", "fresh", "push", "pull", "reducescatter")
 SMALL = 4 * 2**20  # sizes below this are timed ceil(SMALL / size) times per round (at most 4)
 
 
@@ -51,6 +52,8 @@ def _round(pattern: str, x: torch.Tensor, shard: torch.Tensor, rank: int, size: 
         return received
     if pattern == "call":
         return hvd.allreduce(x[:1], op=hvd.Sum, name="measure.call")
+    if pattern == "fresh":
+        return torch.empty(n).fill_(1.0)
     if pattern == "push":
         return push(x, push_splits(n, size, 0), rank, "measure.push")
     if pattern == "pull":
@@ -66,6 +69,8 @@ def _expected(pattern: str, n: int, rank: int, size: int) -> torch.Tensor:
     mine = push_splits(n, size, 0)[rank]
     if pattern == "gossip":
         return torch.cat([torch.full((n,), float(j + 1)) for j in neighbours(rank, size)])
+    if pattern == "fresh":
+        return torch.full((n,), 1.0)
     if pattern == "pull":
         return torch.cat([torch.full((k,), float(j + 1)) for j, k in enumerate(push_splits(n, size, 0))])
     length = {"push": mine, "reducescatter": mine, "call": 1}.get(pattern, n)
@@ -106,6 +111,9 @@ def collective_times(sizes_bytes: list[int], repeats: int = 10, patterns: tuple[
                     seconds = time.perf_counter() - t
                     # The check is outside the timing; a broadcast's root keeps its own (already exact) values.
                     wrong[pattern] += int(not torch.equal(out, expected[pattern]))
+                    # Freed here, not when the next result replaces it: returning 64 MiB to the system takes
+                    # milliseconds, which would land in the next pattern's timing.
+                    del out
                     if round_:
                         times[pattern][nbytes].append(seconds)
     for pattern in patterns:

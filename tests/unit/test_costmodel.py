@@ -1,6 +1,7 @@
 """The cost model (hvdsync.core.costmodel): formulas agree with the simulations' counted bytes, the fit recovers
 known figures, and the patterns rank as the theory says."""
 import doctest
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -100,3 +101,12 @@ def test_fit_with_a_measured_call_cost_recovers_the_link_behind_it():
     assert fit.alpha == pytest.approx(truth.alpha, rel=1e-6) and fit.beta == pytest.approx(truth.beta, rel=1e-6)
     # Without the call term the fit puts it into alpha (two messages per 2-rank ring: call / 2 each).
     assert fit_link(sizes, times, 2, gamma=truth.gamma).alpha == pytest.approx(truth.alpha + truth.call / 2)
+    # Fresh memory measured per size (cheap below glibc's mmap threshold, page faults above) is taken out too.
+    mus = [1e-11 if s < 32 * MiB else 2e-9 for s in sizes]
+    times = [costmodel.horovod_time("ring", s, 2, replace(truth, mu=m)) for s, m in zip(sizes, mus)]
+    fit = fit_link(sizes, times, 2, gamma=truth.gamma, call=truth.call, mu=mus)
+    assert fit.beta == pytest.approx(truth.beta, rel=1e-6) and fit.alpha == pytest.approx(truth.alpha, rel=1e-6)
+    # The sharded PS allocates 2 + 1/n buffers where the ring allocates one.
+    link = replace(truth, mu=2e-9)
+    assert costmodel.horovod_time("sharded_ps", 64 * MiB, 2, link) - costmodel.horovod_time("ring", 64 * MiB, 2, link) \
+        == pytest.approx(truth.call + 1.5 * 64 * MiB * 2e-9)

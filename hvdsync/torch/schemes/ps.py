@@ -23,7 +23,7 @@ def push(flat: torch.Tensor, splits: list[int], rank: int, name: str) -> torch.T
     every rank but 0, copies its reduced chunk over the start of that same buffer without waiting for the send, so
     rank 0 intermittently adds a half-reduced piece (seen at 64 MiB on 2 workers: 4 wrong results in 20), and
     (2) allocates and zeroes two scratch buffers of the whole size per call and does not overlap its reduction with
-    the transfer: 2-4x the time of this push at 16-64 MiB here (``benchmarks/costmodel.py``, the ``pieces`` table).
+    the transfer: 1.3-3.4x the time of this push at 1-64 MiB here (``benchmarks/costmodel.py``, the pieces table).
     The alltoall moves the same bytes (each rank sends (W-1)/W of the buffer) in one step.
 
     Example:
