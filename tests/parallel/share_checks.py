@@ -181,10 +181,15 @@ def _keras_growth_run(data, gather):
 
         def on_epoch_begin(self, epoch, logs=None):  # after the sampler's: the rate this epoch trains with
             self.lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
-            self.start, self.iterations = len(reads), int(self.model.optimizer.iterations.numpy())
+            self.start = len(reads)
+            self.steps.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            # Counted here, not by optimizer.iterations: on a stream of unknown length Keras' counter also counts
+            # the call that found the pass empty (plain Keras alike; no update is made in it).
+            self.steps[-1] += 1
 
         def on_epoch_end(self, epoch, logs=None):
-            self.steps.append(int(self.model.optimizer.iterations.numpy()) - self.iterations)
             mine = np.concatenate(reads[self.start:])
             self.reads.append(np.bincount(mine, minlength=n))
 
