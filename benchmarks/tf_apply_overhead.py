@@ -1,0 +1,120 @@
+"""Where hvdsync's Keras optimizer spends time over raw Horovod in one ``tf.function`` step (the adapter API path).
+
+    python benchmarks/tf_apply_overhead.py                 # the CNN of training.py, 200 interleaved steps
+    python benchmarks/tf_apply_overhead.py --model mlp --steps 20
+
+Two Horovod workers (1 thread each) build one copy of the model per contender from the same start and run the same
+step, one ``tf.function`` call each, interleaved step by step (so machine noise hits every contender alike):
+
+* ``raw``: ``hvd.grouped_allreduce`` of the tape's gradients, then SGD (``step_tf.py``'s raw contender);
+* ``api``: ``hvdsync.tensorflow.distributed_optimizer(SGD)`` at ``accumulate=1``: the fast path (no sum variables);
+* ``api_sums``: the same optimizer made to take its accumulation path at ``accumulate=1`` (gradients into sum
+  variables, a ``tf.cond``, read back, zeroed): what the fast path saves;
+* ``api_before``: ``api_sums`` with the wire counted by one ``py_function`` per gradient tensor (Horovod's
+  ``compression=`` hook), as before the round was counted in one op: what hvdsync's step was before both changes.
+
+Printed per contender: the median step time (the slower rank's) and its ratio to ``raw``, the median process CPU
+time per step (less sensitive to the other jobs on a shared machine) and its ratio, and the ops in the traced graph
+(with the ops of the functions it calls, e.g. the branches of a ``tf.cond``).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CONTENDERS = ("raw", "api", "api_sums", "api_before")
+
+
+def _graph_ops(graph) -> int:
+    called = graph._functions.values()  # the functions this graph calls (tf.cond branches): their ops run too
+    return len(graph.get_operations()) + sum(len(f.definition.node_def) for f in called)
+
+
+def worker(model_name: str, steps: int, warmup: int) -> dict:
+    import sys as _sys
+
+    _sys.path.insert(0, str(HERE))  # in the worker: step_tf and step_common live beside this script
+    import horovod.tensorflow as hvd
+
+    import hvdsync.tensorflow as hs
+    from hvdsync.config import Config, SyncConfig
+
+    hs.init(Config())  # one intra/inter-op thread per worker, as in training.py
+    import keras
+    import tensorflow as tf
+    from step_common import data
+    from step_tf import _ce, model
+    from training import works
+
+    work = works(False)[model_name]
+    x, y = data(work)
+    half = work.global_batch // hvd.size()
+    x, y = x[hvd.rank() * half:(hvd.rank() + 1) * half], y[hvd.rank() * half:(hvd.rank() + 1) * half]
+    spec = [tf.TensorSpec((None, *work.input_shape()), tf.float32), tf.TensorSpec((None,), tf.int64)]
+    steps_fn, ops = {}, {}
+    for name in CONTENDERS:
+        m = model(work)
+        if name == "raw":
+            opt = keras.optimizers.SGD(work.lr)
+            opt.build(m.trainable_variables)
+            reduce = lambda g: hvd.grouped_allreduce(g, op=hvd.Average)  # noqa: E731
+        else:
+            opt = hs.distributed_optimizer(keras.optimizers.SGD(work.lr), m, SyncConfig())
+            opt._phases_in_apply = name != "api"  # the accumulation path, as every step took it before
+            if name == "api_before":
+                red = opt.reducer
+                red.reduce = lambda g, red=red: hvd.grouped_allreduce(list(g), op=red.op, compression=red.compression)
+            reduce = None
+
+        def step(x, y, m=m, opt=opt, reduce=reduce):
+            with tf.GradientTape() as tape:
+                loss = _ce(y, m(x, training=True))
+            grads = tape.gradient(loss, m.trainable_variables)
+            opt.apply(reduce(grads) if reduce else grads, m.trainable_variables)
+
+        steps_fn[name] = tf.function(step, input_signature=spec)
+        ops[name] = _graph_ops(steps_fn[name].get_concrete_function().graph)
+    times = {n: [] for n in CONTENDERS}
+    cpu = {n: [] for n in CONTENDERS}
+    for i in range(warmup + steps):
+        for name in CONTENDERS if i % 2 == 0 else CONTENDERS[::-1]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            steps_fn[name](x, y)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+    hvd.shutdown()
+    return {"times": times, "cpu": cpu, "ops": ops, "variables": len(m.trainable_variables)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import report
+    from hvdsync.launch import run
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per contender")
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args(argv)
+    print(f"{args.model}: 2 workers x 1 thread, {args.steps} interleaved steps; load average {report.machine()['load']}",
+          flush=True)
+    ranks = run(worker, args=(args.model, args.steps, args.warmup), np=2, progress=False)
+    step = {n: [max(a, b) for a, b in zip(ranks[0]["times"][n], ranks[1]["times"][n])] for n in CONTENDERS}
+    cpu = {n: [(a + b) / 2 for a, b in zip(ranks[0]["cpu"][n], ranks[1]["cpu"][n])] for n in CONTENDERS}
+    base, base_cpu = statistics.median(step["raw"]), statistics.median(cpu["raw"])
+    print(f"{'contender':<11} {'step ms':>8} {'/raw':>6} {'CPU ms':>7} {'/raw':>6} {'graph ops':>9}")
+    for n in CONTENDERS:
+        med, c = statistics.median(step[n]), statistics.median(cpu[n])
+        print(f"{n:<11} {med * 1e3:8.2f} {med / base:6.3f} {c * 1e3:7.2f} {c / base_cpu:6.3f} {ranks[0]['ops'][n]:9d}")
+    print(f"{ranks[0]['variables']} gradient tensors; load average at end {report.machine()['load']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
