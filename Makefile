@@ -8,7 +8,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 .PHONY: install demo test lab bench clean-horovod-cache docker-cpu docker-gpu docker-test
 
 install:
-	bash scripts/install.sh
+	HVDSYNC_VENV=$(VENV) bash scripts/install.sh
 
 demo: install
 	$(VENV)/bin/hvdsync train --framework torch --np 2
