@@ -3,6 +3,7 @@
     python benchmarks/shares.py                          # PyTorch and TensorFlow, rounds interleaved
     python benchmarks/shares.py --framework tensorflow   # one framework
     python benchmarks/shares.py --rounds 3 --json shares.json
+    python benchmarks/shares.py --hidden 4096            # 4x the compute per sample: the fixed part of an epoch shrinks
 
 Per framework and round, one job of 2 Horovod workers (:func:`hvdsync.launch.train_many`) trains the same model
 from the same start, with rank 1 computing 2x slower (the test-only ``data.test_slow_rank`` /
@@ -35,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SAMPLES = 65536
 
 
-def config(framework: str, epochs: int, **data):
+def config(framework: str, epochs: int, hidden: int = 1024, **data):
     from hvdsync.config import Config
 
     return Config.from_dict({
         "data": {"dataset": "synthetic", "synthetic_samples": SAMPLES, "batch_size": 2048, **data},
-        "train": {"framework": framework, "epochs": epochs, "hidden": 1024, "lr": 0.05},
+        "train": {"framework": framework, "epochs": epochs, "hidden": hidden, "lr": 0.05},
         "tracking": {"enabled": False}, "monitor": {"every": 0}})
 
 
@@ -61,16 +62,16 @@ def balanced_bound(equal: dict) -> float:
     return statistics.mean(ratios)
 
 
-def framework_job(framework: str, epochs: int, growth: dict | None) -> dict:
+def framework_job(framework: str, epochs: int, growth: dict | None, hidden: int = 1024) -> dict:
     """One job of workers: a reference without the slow rank, equal and adaptive shares with rank 1 2x slower, and
     (``growth``) a constant against a growing batch."""
     from hvdsync.launch import train_many
 
     slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
-    cfgs = [config(framework, epochs), config(framework, epochs, shares="equal", **slow),
-            config(framework, epochs, shares="adaptive", **slow)]
+    cfgs = [config(framework, epochs, hidden), config(framework, epochs, hidden, shares="equal", **slow),
+            config(framework, epochs, hidden, shares="adaptive", **slow)]
     if growth:
-        cfgs += [config(framework, 6), config(framework, 6, batch_growth=growth)]
+        cfgs += [config(framework, 6, hidden), config(framework, 6, hidden, batch_growth=growth)]
     results = train_many(cfgs)
     return {"reference": results[0], "equal": results[1], "adaptive": results[2], "growth": results[3:]}
 
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--framework", default="both", choices=["both", "torch", "tensorflow"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=1024,
+                        help="the MLP's hidden width: more compute per sample, so less of the epoch is fixed cost")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
@@ -95,11 +98,12 @@ def main(argv: list[str] | None = None) -> dict:
     jobs: dict[str, list[dict]] = {f: [] for f in frameworks}
     for i in range(args.rounds):
         for framework in frameworks:  # alternating: both frameworks see the same state of the machine
-            jobs[framework].append(framework_job(framework, args.epochs, growth if i == args.rounds - 1 else None))
+            jobs[framework].append(framework_job(framework, args.epochs, growth if i == args.rounds - 1 else None,
+                                                 args.hidden))
 
     out: dict = {"frameworks": {}}
     for framework, rounds in jobs.items():
-        print(f"\n{framework}, 2 workers, MLP 64-1024-10 on {SAMPLES} synthetic samples, batch 2048 per rank, "
+        print(f"\n{framework}, 2 workers, MLP 64-{args.hidden}-10 on {SAMPLES} synthetic samples, batch 2048 per rank, "
               f"{args.epochs} epochs")
         print(f"{'run':<28} {'epoch s (1..)':>13} {'samples/rank (last epoch)':>26} {'shares (per epoch)':>26} "
               f"{'equal params':>12}")
