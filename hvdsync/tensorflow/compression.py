@@ -29,17 +29,13 @@ from hvdsync.core.codecs import Allreduce, Codec, CodecState, ReduceContext, Wir
 
 def record_on_wire(counter: WireCounter, tensor: tf.Tensor, gradients: int = 1) -> None:
     """Count ``tensor`` in ``counter`` each time it is handed over (eagerly, or at every run of a graph)."""
-    itemsize, dtype_name = tensor.dtype.size, tensor.dtype.name
-    # No outputs, yet tf.function still runs it: py_function is stateful, and tf.function keeps every stateful op,
-    # in program order (automatic control dependencies). In eager mode it simply runs now.
-    tf.py_function(lambda n: counter.record(int(n), itemsize, dtype_name, gradients) or [],
-                   [tf.size(tensor, out_type=tf.int64)], [])
+    record_all_on_wire(counter, [tensor], gradients)
 
 
 def record_all_on_wire(counter: WireCounter, tensors: Sequence[tf.Tensor], gradients: Sequence[int] | int = 1) -> None:
-    """Count every tensor of one round in ``counter`` with a single graph op (what :func:`record_on_wire` does per
-    tensor). One ``py_function`` per gradient tensor costs a Python call each (~0.1 ms): on a small model that was
-    most of what hvdsync's step cost over raw Horovod. ``gradients``: per tensor, or one figure for all."""
+    """Count every tensor of one round in ``counter`` with a single graph op (:func:`record_on_wire`: one tensor).
+    One ``py_function`` per gradient tensor costs a Python call each (~0.1 ms): on a small model that was most of
+    what hvdsync's step cost over raw Horovod. ``gradients``: per tensor, or one figure for all."""
     tensors = list(tensors)
     if not tensors:
         return
@@ -51,6 +47,8 @@ def record_all_on_wire(counter: WireCounter, tensors: Sequence[tf.Tensor], gradi
             counter.record(int(n), itemsize, dtype_name, w)
         return []
 
+    # No outputs, yet tf.function still runs it: py_function is stateful, and tf.function keeps every stateful op,
+    # in program order (automatic control dependencies). In eager mode it simply runs now.
     sizes = [t.shape.num_elements() for t in tensors]
     if all(n is not None for n in sizes):  # static shapes (the usual case): the sizes are known when tracing
         tf.py_function(lambda: record(sizes), [], [])

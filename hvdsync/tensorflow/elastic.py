@@ -35,8 +35,6 @@ from hvdsync.core.elastic_loop import fit_elastic_with
 from hvdsync.core.scaling import scaled_lr
 
 
-
-
 def fingerprint(model: keras.Model) -> str:
     """A short hash of the model's variable paths, shapes and dtypes."""
     text = ";".join(f"{v.path}:{tuple(v.shape)}:{v.dtype}" for v in model.variables)
