@@ -76,11 +76,26 @@ def framework_job(framework: str, epochs: int, growth: dict | None, hidden: int 
     return {"reference": results[0], "equal": results[1], "adaptive": results[2], "growth": results[3:]}
 
 
+def phase_means(r: dict) -> list[dict] | None:
+    """Per rank, the mean seconds per epoch (1..) of each phase (``rank_phase_seconds``, recorded by the shares
+    callback: with a slow rank only), and the evaluation's (``eval_seconds``, the slowest rank's)."""
+    later = [h for h in r["history"][1:] if "rank_phase_seconds" in h]
+    if not later:
+        return None
+    ranks = range(len(later[0]["rank_phase_seconds"]))
+    means = [{k: statistics.mean(h["rank_phase_seconds"][i][k] for h in later)
+              for k in later[0]["rank_phase_seconds"][i]} for i in ranks]
+    for m in means:
+        m["evaluate"] = statistics.mean(h["eval_seconds"] for h in later)
+    return means
+
+
 def run_row(name: str, r: dict) -> dict:
     last = r["history"][-1]
     return {"run": name, "epoch_seconds": later_epoch_seconds(r), "rank_samples": last.get("rank_samples", ["-", "-"]),
             "shares": last.get("shares"), "share_history": [h.get("shares") for h in r["history"]],
-            "param_spread": r["param_spread"]}
+            "param_spread": r["param_spread"], "phases": phase_means(r),
+            "eval_seconds": statistics.mean(h["eval_seconds"] for h in r["history"][1:])}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -116,6 +131,16 @@ def main(argv: list[str] | None = None) -> dict:
                 shares = " ".join(f"{s[0]:.2f}" for s in row["share_history"] if s) or "-"
                 print(f"{name:<28} {row['epoch_seconds']:>13.3f} {str(row['rank_samples']):>26} {shares:>26} "
                       f"{str(row['param_spread'] == 0.0):>12}")
+        print("seconds per epoch (1..), per rank r0 / r1: data+compute (the slowdown included), all-reduce wait, "
+              "update; evaluation")
+        for row in rows:
+            if row["phases"]:
+                p = row["phases"]
+                print(f"  {row['run']:<28} compute {p[0]['data'] + p[0]['compute']:.3f} / "
+                      f"{p[1]['data'] + p[1]['compute']:.3f}  wait {p[0]['sync_wait']:.3f} / {p[1]['sync_wait']:.3f}  "
+                      f"update {p[0]['update']:.3f} / {p[1]['update']:.3f}  evaluate {row['eval_seconds']:.3f}")
+            else:
+                print(f"  {row['run']:<28} evaluate {row['eval_seconds']:.3f}")
         ratios = [later_epoch_seconds(j["adaptive"]) / later_epoch_seconds(j["equal"]) for j in rounds]
         bounds = [balanced_bound(j["equal"]) for j in rounds]
         result = {"runs": rows, "ratios": ratios, "ratio_adaptive_to_equal": statistics.mean(ratios),

@@ -59,6 +59,7 @@ class AdaptiveShares(Callback):
 
     def on_epoch_begin(self, ctx) -> None:
         self._samples, self._rates, self._last = 0, [], np.asarray(ctx.backend.timer.snapshot())
+        self._epoch_start = self._last
 
     def on_step_end(self, ctx) -> None:
         now = np.asarray(ctx.backend.timer.snapshot())
@@ -73,10 +74,15 @@ class AdaptiveShares(Callback):
         self._window.append(self._rates)
         pooled = [r for rates in self._window for r in rates]
         rate = float(np.median(pooled)) if pooled else 0.0
-        gathered = ctx.backend.allgather(np.array([self._samples, rate, 1.0 if rate else 0.0], dtype=np.float64))
+        phases = np.asarray(ctx.backend.timer.snapshot()) - self._epoch_start
+        gathered = ctx.backend.allgather(np.array([self._samples, rate, 1.0 if rate else 0.0, *phases],
+                                                  dtype=np.float64))
         used = ctx.plan.shares or (1.0 / ctx.size,) * ctx.size
+        # Each rank's seconds per phase in this epoch: where a share moved time (compute) and where it cannot
+        # (the all-reduce, the update); benchmarks/shares.py prints them.
         record = {"rank_samples": gathered[:, 0].astype(int).tolist(), "rank_throughput": gathered[:, 1].tolist(),
-                  "shares": list(used)}
+                  "shares": list(used),
+                  "rank_phase_seconds": [dict(zip(PHASES, row)) for row in gathered[:, 3:].tolist()]}
         if self.adapt:
             shares = balanced_shares(gathered[:, 1], gathered[:, 2], previous=used)
             self.steps.set_shares(shares)

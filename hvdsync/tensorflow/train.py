@@ -64,6 +64,15 @@ class TensorFlowBackend:
         self._synchronize = tf.function(self.optimizer.synchronize)
         self._update = tf.function(lambda: self.optimizer.step(clear=False))
         self._norm = None  # traced on the first grad_norm() call: monitoring asks every monitor.every steps
+        self._predict = None  # traced on the first count_correct() call (evaluation)
+
+    def traces(self) -> dict[str, int]:
+        """How many times each of the step's ``tf.function`` graphs was traced so far (0: not called yet). One
+        each, whatever the batch sizes: unequal shares and short last steps change a rank's batch every epoch, and a
+        retrace costs far more than a step (``tests/parallel/test_shares.py`` checks it)."""
+        graphs = {"first_backward": self._first_backward, "backward": self._backward, "clear": self._clear,
+                  "synchronize": self._synchronize, "update": self._update, "predict": self._predict}
+        return {k: (f.experimental_get_tracing_count() if f is not None else 0) for k, f in graphs.items()}
 
     @property
     def grad_tensors(self) -> int:
@@ -116,8 +125,14 @@ class TensorFlowBackend:
         rate.assign(self._base_lr * factor)
 
     def count_correct(self, x: np.ndarray, y: np.ndarray) -> int:
-        logits = self.model(x, training=False)
-        return int(np.sum(np.argmax(logits, axis=1) == y))
+        if self._predict is None:
+            # Traced once (a batch dimension of None): Keras' eager call of a model runs op by op, which made the
+            # evaluation of every epoch ~1.5x slower than this graph (MLP 64-4096-10, 8,192 samples: 150 -> 95 ms),
+            # time in which no share of a step can be won back (benchmarks/README.md, "Straggler-aware shares").
+            spec = tf.TensorSpec((None, *np.shape(x)[1:]), tf.as_dtype(np.asarray(x).dtype))
+            self._predict = tf.function(lambda v: tf.argmax(self.model(v, training=False), axis=1),
+                                        input_signature=[spec])
+        return int(np.sum(self._predict(x).numpy() == np.asarray(y)))
 
     def allgather(self, values: np.ndarray) -> np.ndarray:
         t = tf.reshape(tf.constant(np.asarray(values, dtype=np.float64)), (1, -1))

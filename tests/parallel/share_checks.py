@@ -126,14 +126,19 @@ def tf_checks():
         def on_step_end(self, ctx):
             np.add.at(reads, ctx.last_step.indices, 1)
 
+        def on_train_end(self, ctx):
+            self.traces = ctx.backend.traces()
+
     cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
     hs.init(cfg)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
     counter = _read_counter(reads)
+    steps = CountSteps()
     result = hs.fit(cfg, data, model=model, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    optimizer=keras.optimizers.SGD(0.05), callbacks=[CountSteps(), counter])
+                    optimizer=keras.optimizers.SGD(0.05), callbacks=[steps, counter])
     gather = lambda a: hvd.allgather(tf.constant(a)).numpy()  # noqa: E731
     out = _summary(result, counter.epochs, gather, [])
+    out["traces"] = steps.traces
 
     # The tf.data helper in your own pipeline: rebalance() from your measured work seconds.
     sampler = hs.PlanSampler(n, batch_size=BATCH, accumulate=2)

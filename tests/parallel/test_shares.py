@@ -46,6 +46,14 @@ def test_the_slow_rank_gets_fewer_samples_after_the_first_epoch(checks):
     assert checks[1]["shares"] == r["shares"]
 
 
+def test_tensorflow_traces_each_step_graph_once_while_the_shares_change_the_batch(checks):
+    if "traces" not in checks[0]:
+        pytest.skip("tf.function: TensorFlow only")
+    for r in checks:
+        assert {r["traces"][k] for k in ("first_backward", "synchronize", "update", "predict")} == {1}, r["traces"]
+    assert len({tuple(s) for s in checks[0]["rank_samples"]}) > 1       # the per-rank batch did change
+
+
 def test_rebalance_in_your_own_loop_keeps_the_plan_promises(checks):
     r = checks[0]
     assert r["rebalanced"] == pytest.approx((2 / 3, 1 / 3)) and checks[1]["rebalanced"] == r["rebalanced"]
