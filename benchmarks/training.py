@@ -85,7 +85,12 @@ def contenders(framework: str, work: Work, knobs: bool) -> list[Contender]:
              "raw"),
            c(peer[0], peer[1], peer[0]),
            c("single_2t", "1 process, 2 threads, global batch", "single", group="scaling", threads=2, world=1)]
-    if knobs:
+    if knobs and framework == "torch" and work.model == "cnn":
+        # A small model's gradients go in one grouped call after backward (sync.grouped_mb); these rows are the
+        # per-tensor hooks it replaced, in the same run (TensorFlow always reduces in one grouped call).
+        out += [c("api_hooks", "adapter API, per-tensor hooks", "api", "knobs", {"grouped_mb": 0}, versus="api"),
+                c("fit_hooks", "fit, per-tensor hooks", "fit", "knobs", {"grouped_mb": 0}, versus="fit")]
+    if knobs and work.model == "mlp":
         out += [c("fp16", "fp16 on the wire", "api", "knobs", {"compression": "fp16"}, versus="api",
                   tolerance=TOLERANCE_FP16),
                 c("accumulate4", "accumulate k=4", "api", "knobs", {"accumulate": 4}, versus="api")]
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             work = works(args.quick)[model]
             work = replace(work, steps=args.steps) if args.steps else work
-            cons = contenders(framework, work, knobs=model == "mlp" and not args.no_knobs)
+            cons = contenders(framework, work, knobs=not args.no_knobs)
             if args.only:
                 keep = {"single", *args.only.split(",")}
                 cons = [c for c in cons if c.spec.name in keep]
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             verdicts = check(cons, measured)
             rows = summarize(cons, measured, verdicts, work.global_batch)
             peer = train_tables.PEERS[framework]
-            pairs = [(n, b) for n in rows for b in ("raw", peer, "api") if n != b]
+            pairs = [(n, b) for n in rows for b in ("raw", peer, "api", "fit") if n != b]
             block = {"framework": framework, "model": model, "work": work.__dict__, "rows": rows,
                      "numel": measured["single"]["ranks"][0]["fingerprint"]["numel"],
                      "ratios": {f"{n}/{b}": r for n, b in pairs if (r := ratio(rows, measured, n, b))},

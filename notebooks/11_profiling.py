@@ -125,7 +125,9 @@ for v in table.values():
 # ## 3 · Inside the all-reduce: Horovod's timeline
 #
 # The first run's artifacts hold the timeline and its per-tensor parts. hvdsync's optimizer hands Horovod one
-# gradient per parameter tensor, named after the parameter.
+# gradient per parameter tensor: a small model's all in one grouped call after backward (`sync.grouped_mb`),
+# named `hvdsync.grouped_<i>of<n>` in the order of the parameters' names; a larger model's from one hook per
+# tensor, named after the parameter.
 
 # %%
 first = results[0]["run_id"]

@@ -34,6 +34,10 @@ class SyncConfig:
         fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
         cycle_time_ms: Horovod background-loop cycle time (HOROVOD_CYCLE_TIME), in milliseconds.
         cache_capacity: Horovod response-cache entries (HOROVOD_CACHE_CAPACITY); 0 turns the cache off.
+        grouped_mb: PyTorch: a model whose gradients total at most this many MiB is all-reduced in ONE grouped
+            Horovod call after the backward pass (:mod:`hvdsync.torch.grouped`) instead of one hook per tensor during
+            it; larger models keep the hooks, whose all-reduces overlap the rest of backward. 25 like DDP's bucket
+            (``bucket_cap_mb``); 0 = always the hooks. TensorFlow always reduces in one grouped call.
         mode: how ranks combine their work (:data:`hvdsync.core.schemes.MODES`): ``allreduce`` (default; ring
             all-reduce of gradients), ``ps`` (parameter server from Horovod collectives), ``gossip`` (each rank
             averages its parameters with its ring neighbours), ``local_sgd`` (H local steps, then the parameters and
@@ -61,6 +65,10 @@ class SyncConfig:
     fusion_threshold_mb: float = 64.0
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
+    # A small model's backward is over before a hook's all-reduce could hide behind it; what is left is Horovod's
+    # cost per round (a cycle's wait, the negotiation, thread hand-offs), paid once per step instead of once per
+    # group of hooks (benchmarks/README.md, "The small CNN against DDP").
+    grouped_mb: float = 25.0
     mode: str = "allreduce"
     ps_servers: int = 0
     period: int = 1
@@ -87,6 +95,7 @@ class SyncConfig:
         _number("sync.fusion_threshold_mb", self.fusion_threshold_mb, 0.0)
         _number("sync.cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
         _int("sync.cache_capacity", self.cache_capacity, 0)
+        _number("sync.grouped_mb", self.grouped_mb, 0.0)
 
     def _check_sparse(self, codec) -> None:
         _choice("sync.sparse", self.sparse, SPARSE_MODES)

@@ -7,6 +7,7 @@ import torch
 from hvdsync.core.codecs import WireCounter, get_codec
 from hvdsync.core.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
+from hvdsync.torch.grouped import GroupedOptimizer, groups_after_backward
 from hvdsync.torch.sparse import use_sparse_allgather
 
 
@@ -42,6 +43,10 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
+    Gradients that total at most ``sync.grouped_mb`` MiB (default 25, DDP's bucket) are all-reduced in one grouped
+    call after the backward pass (:class:`~hvdsync.torch.grouped.GroupedOptimizer`); larger models get
+    ``hvd.DistributedOptimizer``'s per-tensor hooks, whose all-reduces overlap the rest of backward.
+
     A ``sync.mode`` other than ``allreduce`` (parameter server, gossip) gets its optimizer from the registry in
     :mod:`hvdsync.torch.schemes` instead.
 
@@ -64,6 +69,9 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         return CodecOptimizer(optimizer, model.named_parameters(), sync, counter, seed)
     # ---- end of the codec dispatch
     compressor = CodecCompressor(sync.compression, counter)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if groups_after_backward(sync, params):
+        return GroupedOptimizer(optimizer, model.named_parameters() if model is not None else None, sync, compressor)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=list(model.named_parameters()) if model is not None else None,

@@ -21,6 +21,8 @@ from hvdsync.config import Config, ConfigError
     ("sync", "fusion_threshold_mb", -1, "expected a number >= 0"),
     ("sync", "cycle_time_ms", 0, "expected a number > 0"),
     ("sync", "cache_capacity", -5, "expected an integer >= 0"),
+    ("sync", "grouped_mb", -1, "expected a number >= 0"),
+    ("sync", "grouped_mb", "25MB", "expected a number >= 0"),
     ("data", "dataset", "imagenet", "choose one of: digits, digits_images, synthetic, synthetic_images"),
     ("data", "batch_size", 0, "expected an integer >= 1"),
     ("data", "test_fraction", 1.0, "expected a number > 0.0 and < 1.0"),
