@@ -5,6 +5,7 @@
     python benchmarks/allreduce.py --sleep-wait         # add the (b') row: hvdsync waiting without spinning
     python benchmarks/allreduce.py --quick              # tiny sizes, 2 iterations: checks every path in ~1 minute
     python benchmarks/allreduce.py --set cycle_time_ms=2 --set fusion_threshold_mb=128   # hvdsync, other knobs
+    python benchmarks/allreduce.py --horovod-build DIR  # add (b2): (b) on another Horovod build (e.g. before a patch)
     make bench                                          # the first line
 
 The variants, each started as its own pair of worker processes, alternated round by round:
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,13 +43,19 @@ import report  # noqa: E402
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
 
 
-def variants(sync: dict, sleep_wait: bool = False) -> list[harness.Variant]:
+def variants(sync: dict, sleep_wait: bool = False, build: str | None = None) -> list[harness.Variant]:
     V = harness.Variant
     knobs = ", ".join(f"{k}={v}" for k, v in sync.items()) or "defaults"
     out = [
         V("horovod", "(a) Horovod defaults, hvd.allreduce", worker_env=HOROVOD_DEFAULTS, call="allreduce"),
         V("hvdsync", f"(b) hvdsync {knobs}", sync=sync, init="hvdsync", call="allreduce_"),
     ]
+    if build:
+        # The same as (b), but the workers import Horovod from another build (a `pip install --target` folder put
+        # first on their path): two builds side by side in one run, e.g. before and after a patch.
+        path = os.pathsep.join([str(Path(build).resolve()), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        out.append(V("hvdsync_build", "(b2) as (b), --horovod-build", sync=sync, init="hvdsync", call="allreduce_",
+                     env={"PYTHONPATH": path}))
     if sleep_wait:
         out.append(V("hvdsync_sleep", "(b') hvdsync, poll + sleep wait", sync=sync, init="hvdsync",
                      call="allreduce_", wait="sleep"))
@@ -87,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="change a SyncConfig field for (b) and (b'), e.g. --set fusion_threshold_mb=128")
     p.add_argument("--sleep-wait", action="store_true",
                    help="add a (b') row: (b) waiting by hvd.poll + time.sleep instead of Horovod's spinning wait")
+    p.add_argument("--horovod-build", metavar="DIR",
+                   help="add a (b2) row: (b) with Horovod imported from DIR (pip install --no-deps --target DIR "
+                        "<wheel>), to compare two builds in one run")
     p.add_argument("--variants", default="",
-                   help="run only these, comma-separated: horovod, hvdsync, hvdsync_sleep (with --sleep-wait), "
-                        "torch")
+                   help="run only these, comma-separated: horovod, hvdsync, hvdsync_build (with --horovod-build), "
+                        "hvdsync_sleep (with --sleep-wait), torch")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 iterations, 1 round: exercises every path")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--inject-error", action="store_true",
@@ -104,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes, sync = report.parse_sizes(args.sizes), parse_set(args.set)
     except ValueError as exc:  # ConfigError included: it names the field
         p.error(str(exc))
-    chosen = variants(sync, sleep_wait=args.sleep_wait)
+    if args.horovod_build and not (Path(args.horovod_build) / "horovod" / "torch").is_dir():
+        p.error(f"--horovod-build: {args.horovod_build!r} holds no horovod/torch package; expected a folder made by "
+                "pip install --no-deps --target DIR <horovod wheel>")
+    chosen = variants(sync, sleep_wait=args.sleep_wait, build=args.horovod_build)
     if args.variants:
         keep = set(args.variants.split(","))
         unknown = keep - {v.name for v in chosen}

@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -123,6 +124,7 @@ def measure(allreduce: Callable, barrier: Callable, rank: int, world: int, sizes
     a, b = torch.rand(256, 256, generator=gen), torch.rand(256, 256, generator=gen)
     times: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
+    faults: dict[str, list[int]] = {}
     checked: dict[str, int] = {}
     for size in sizes_mb:
         key = f"{size:g}"
@@ -133,15 +135,15 @@ def measure(allreduce: Callable, barrier: Callable, rank: int, world: int, sizes
         if op == "average":
             expected /= world
         buf = torch.empty_like(src)
-        times[key], cpu[key], checked[key] = [], [], 0
+        times[key], cpu[key], faults[key], checked[key] = [], [], [], 0
         for i in range(warmup + iters):
             buf.copy_(src)
             barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
+            f0, c0, t0 = _minor_faults(), time.process_time(), time.perf_counter()
             for _ in range(compute):
                 torch.mm(a, b)
             result = allreduce(buf)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            dt, dc, df = time.perf_counter() - t0, time.process_time() - c0, _minor_faults() - f0
             if inject:
                 result[n // 2] += 1.0
             if result.shape != expected.shape or not torch.equal(result, expected):
@@ -155,8 +157,15 @@ def measure(allreduce: Callable, barrier: Callable, rank: int, world: int, sizes
             if i >= warmup:
                 times[key].append(dt)
                 cpu[key].append(dc)
+                faults[key].append(df)
         del pattern, src, expected, buf, result
-    return {"times": times, "cpu": cpu, "checked": checked}
+    return {"times": times, "cpu": cpu, "faults": faults, "checked": checked}
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far, all threads: a fresh buffer's pages fault in on first write, so a
+    call that allocates (or whose library allocates) its output or scratch above glibc's mmap threshold shows here."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def idle_cpu(seconds: float) -> float | None:
@@ -313,12 +322,13 @@ def run_rounds(variants: list[Variant], sizes_mb: list[float], iters: int, round
 
     Returns ``{name: {"variant", "knobs", "seen", "checked", "rounds", "cpu_rounds", "idle_cpu"}}``: ``rounds`` is
     ``[{size: [seconds, ...]}, ...]`` with each iteration's slowest rank; ``cpu_rounds`` the same for CPU seconds
-    summed over the ranks (what the collective cost the machine's cores); ``idle_cpu`` one figure per round, summed
+    summed over the ranks (what the collective cost the machine's cores); ``fault_rounds`` the minor page faults,
+    summed over the ranks (4 KiB each: fresh memory the call wrote); ``idle_cpu`` one figure per round, summed
     over the ranks, when ``idle_s`` > 0.
     """
     per_round = max(1, math.ceil(iters / rounds))
-    results = {v.name: {"variant": asdict(v), "knobs": v.knobs(), "rounds": [], "cpu_rounds": [], "idle_cpu": [],
-                        "checked": {}} for v in variants}
+    results = {v.name: {"variant": asdict(v), "knobs": v.knobs(), "rounds": [], "cpu_rounds": [], "fault_rounds": [],
+                        "idle_cpu": [], "checked": {}} for v in variants}
     for r in range(rounds):
         for v in variants[r % len(variants):] + variants[:r % len(variants)]:
             t0 = time.perf_counter()
@@ -329,6 +339,8 @@ def run_rounds(variants: list[Variant], sizes_mb: list[float], iters: int, round
                                   for s in ranks[0]["times"]})
             res["cpu_rounds"].append({s: [sum(rk["cpu"][s][i] for rk in ranks) for i in range(per_round)]
                                       for s in ranks[0]["cpu"]})
+            res["fault_rounds"].append({s: [sum(rk["faults"][s][i] for rk in ranks) for i in range(per_round)]
+                                        for s in ranks[0]["faults"]})
             if idle_s > 0:
                 res["idle_cpu"].append(sum(rk["idle_cpu"] for rk in ranks))
             res["seen"] = ranks[0]["seen"]

@@ -31,9 +31,12 @@ def summarize(results: dict, baseline: str | None) -> dict:
             ts = [t for rnd in res["rounds"] for t in rnd[size]]
             med = statistics.median(ts)
             cpu = [c for rnd in res["cpu_rounds"] for c in rnd[size]]
+            faults = [f for rnd in res.get("fault_rounds", []) for f in rnd[size]]
             rows[size] = {"n": len(ts), "median_ms": med * 1e3, "p10_ms": percentile(ts, 10) * 1e3,
                           "p90_ms": percentile(ts, 90) * 1e3, "algbw_gbs": float(size) * MB / med / 1e9,
                           "cpu_ms": statistics.median(cpu) * 1e3, "verified_iterations": res["checked"][size]}
+            if faults:  # minor page faults per call, both ranks (4 KiB pages of fresh memory written)
+                rows[size]["faults"] = statistics.median(faults)
         summary[name] = rows
     if baseline:
         for name, rows in summary.items():
@@ -58,16 +61,17 @@ def format_table(summary: dict, labels: dict[str, str], baseline_label: str = "t
     """Sizes as blocks, variants side by side inside each block."""
     w = max(len(s) for s in labels.values()) + 2
     head = (f"{'size':>9}  {'variant':<{w}}{'median ms':>10}{'p10':>9}{'p90':>9}{'algbw GB/s':>11}{'cpu ms':>9}"
-            f"{'/' + baseline_label:>9}{'per round':>14}")
+            f"{'faults':>8}{'/' + baseline_label:>9}{'per round':>14}")
     lines = [head, "-" * len(head)]
     for size in next(iter(summary.values())):
         for i, (name, label) in enumerate(labels.items()):
             row = summary[name][size]
             ratio = f"{row['ratio']:.2f}" if "ratio" in row else ""
             rr = f"{row['ratio_rounds'][0]:.2f}-{row['ratio_rounds'][1]:.2f}" if "ratio_rounds" in row else ""
+            faults = f"{row['faults']:.0f}" if "faults" in row else ""
             lines.append(f"{(size + ' MB') if i == 0 else '':>9}  {label:<{w}}{row['median_ms']:>10.2f}"
                          f"{row['p10_ms']:>9.2f}{row['p90_ms']:>9.2f}{row['algbw_gbs']:>11.3f}{row['cpu_ms']:>9.1f}"
-                         f"{ratio:>9}{rr:>14}")
+                         f"{faults:>8}{ratio:>9}{rr:>14}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
