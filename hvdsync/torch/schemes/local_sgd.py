@@ -44,7 +44,9 @@ class LocalSGDOptimizer(SchemeOptimizer):
         self.sent += nbytes
         self.received += nbytes
         self.rounds += 1
-        return hvd.allreduce(flat, op=hvd.Average, name=name)
+        # In place: flat is this call's own concatenation, so Horovod need not allocate (and page-fault in) a second
+        # buffer of the model's size and copy into it (benchmarks/README.md, "Where the time goes").
+        return hvd.allreduce_(flat, op=hvd.Average, name=name)
 
     def state_dict(self) -> dict:
         # The step count places a resumed run on the schedule (warm-up done or not, when the next averaging is).
