@@ -102,6 +102,21 @@ def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):
     out["float16_sum_mismatches"] = mismatches
     out["float16_sum_dtypes"] = sorted({str(t.dtype) for t in got})
 
+    # 3c. Waiting for an all-reduce sleeps (scripts/horovod-patches/0005): rank 1 joins 0.5 s late, and rank 0's
+    # waiting thread must not burn a core meanwhile (Horovod's unpatched wait spins on yield: about the whole wait in
+    # CPU). thread_time counts this thread only, not Horovod's or Gloo's. In place, the result is exact.
+    import time
+
+    n = 1 << 18
+    t = (torch.arange(n) % 7 + rank + 1).float()
+    hvd.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Average, name="wait.sleeps"))
+    out["wait_wall_s"], out["wait_thread_cpu_s"] = time.perf_counter() - wall0, time.thread_time() - cpu0
+    out["in_place_average_mismatches"] = int((t != (torch.arange(n) % 7).float() + 1.5).sum())
+
     # 4. Uneven data: 101 samples, B=8, accumulate=3 -> a short last step, some empty micro-batches.
     xs, ys = x[:101], y[:101]
     uneven_sync = Config.from_dict({"sync": {"accumulate": 3}}).sync
