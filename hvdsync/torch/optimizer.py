@@ -68,7 +68,10 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     if not get_codec(sync.compression).cast:
         return CodecOptimizer(optimizer, model.named_parameters(), sync, counter, seed)
     # ---- end of the codec dispatch
-    compressor = CodecCompressor(sync.compression, counter)
+    # In place: Horovod (or the grouped call) reduces the returned wire tensor and hands it back to decompress,
+    # which writes the result into p.grad; without it fp16 allocated a float16 and a float32 copy of every
+    # gradient each step (benchmarks/fp16_step.py).
+    compressor = CodecCompressor(sync.compression, counter, in_place=True)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if groups_after_backward(sync, params):
         return GroupedOptimizer(optimizer, model.named_parameters() if model is not None else None, sync, compressor)

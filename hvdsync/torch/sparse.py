@@ -56,7 +56,9 @@ def use_sparse_allgather(optimizer, counter: WireCounter) -> None:
     Horovod builds its optimizer class at run time and calls ``self._sparse_allreduce_grad_async(p, name)`` for a
     sparse gradient; an attribute on the instance is found first, so only this optimizer changes.
     """
-    compressor = optimizer._compression
+    # Out of place: the rows gathered from all ranks have another shape than this rank's values, so the in-place
+    # decompress of the optimizer's compressor (into the tensor that was compressed) cannot hold them.
+    compressor = type(optimizer._compression)(optimizer._compression.codec, optimizer._compression.counter)
 
     def sparse_allgather(self, p, name):
         handle = sparse_allgather_async(p.grad, name, self.op == hvd.Average, compressor, counter)
