@@ -127,9 +127,9 @@ class CodecCompressor:
         counter: records every tensor handed to Horovod.
         in_place: for ``hvd.DistributedOptimizer`` (what :func:`hvdsync.torch.distributed_optimizer` passes):
             ``compress`` casts into a wire buffer reused from step to step, and ``decompress`` casts the reduced
-            values back into the gradient that was compressed and returns it (Horovod then ``set_``\ s the
-            gradient to itself). Without it, every step allocates a new float16 tensor and a new float32 one per
-            gradient: for a 21 M-parameter model that is ~126 MB of fresh pages a step (``benchmarks/fp16_step.py``
+            values back into the gradient that was compressed and returns it (Horovod's ``p.grad.set_`` then
+            points the gradient at itself). Without it, every step allocates a new float16 tensor and a new float32
+            one per gradient: for a 21 M-parameter model ~100 MB of fresh pages a step (``benchmarks/fp16_step.py``
             counts the page faults), as much CPU time as the halved transfer saves on a 2-core machine. Not for
             ``hvd.allreduce(x, compression=...)``, whose input must stay as it was.
     """
