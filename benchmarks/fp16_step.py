@@ -2,6 +2,7 @@
 
     python benchmarks/fp16_step.py                       # the 21 M-parameter MLP of training.py, 2 workers, 20 steps
     python benchmarks/fp16_step.py --steps 40 --md out.md
+    python benchmarks/fp16_step.py --quick               # a 64-128-128-10 MLP, 2 steps: every path in seconds
 
 ``training.py --only api,fp16`` found the fp16 step no shorter than the fp32 one although an fp16 all-reduce alone
 takes half the time (``fp16_path.py``). This runs the contenders below in the *same* two workers, one step of each
@@ -48,6 +49,7 @@ def _optimizer(name: str, model, lr: float):
     from torch import nn
 
     import hvdsync.torch as hs
+    from hvdsync.config import SyncConfig
     from hvdsync.torch.compression import CodecCompressor
 
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -58,7 +60,10 @@ def _optimizer(name: str, model, lr: float):
     if name.startswith("fp16 allocating"):
         return hvd.DistributedOptimizer(opt, named_parameters=list(holder.named_parameters()),
                                         compression=CodecCompressor("fp16"))
-    return hs.distributed_optimizer(opt, holder, compression="fp16" if name.startswith("fp16") else "none")
+    # Horovod's per-tensor hooks, as the 21 M-parameter MLP gets by default (its 84 MB are over sync.grouped_mb);
+    # the --quick model would otherwise go to the grouped call after backward.
+    return hs.distributed_optimizer(opt, holder, SyncConfig(grouped_mb=0),
+                                    compression="fp16" if name.startswith("fp16") else "none")
 
 
 def _sleeping_wait(opt) -> None:
@@ -70,7 +75,7 @@ def _sleeping_wait(opt) -> None:
                 time.sleep(50e-6)
 
 
-def _worker(steps: int, warmup: int) -> dict:
+def _worker(steps: int, warmup: int, quick: bool = False) -> dict:
     import horovod.torch as hvd
     import torch
     import torch.nn.functional as F
@@ -80,7 +85,7 @@ def _worker(steps: int, warmup: int) -> dict:
     from step_torch import model
 
     hs.init()
-    work = Work("mlp", warmup=warmup, steps=steps)
+    work = Work("mlp", warmup=warmup, steps=steps, **({"features": 64, "hidden": 128} if quick else {}))
     x, y = data(work)
     half = work.global_batch // hvd.size()
     lo = hvd.rank() * half
@@ -165,15 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="timed steps of each contender")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--md", metavar="PATH", help="also write the table as markdown")
+    p.add_argument("--quick", action="store_true", help="a tiny MLP, 2 steps after 1: exercises every path")
     args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup = 2, 1
     from hvdsync import launch
 
     load = os.getloadavg()
     # The workers import step_common / step_torch by name: this folder goes on their path.
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    ranks = launch.run(_worker, args=(args.steps, args.warmup), np=2, progress=False, env={"PYTHONPATH": path})
+    ranks = launch.run(_worker, args=(args.steps, args.warmup, args.quick), np=2, progress=False, env={"PYTHONPATH": path})
     fp32, fp16 = ranks[0]["fp32"], ranks[0]["fp16"]
-    lines = [f"`python benchmarks/fp16_step.py --steps {args.steps}`: torch MLP 1024-4096-4096-10 (21.0 M parameters), "
+    model = "64-128-128-10 (--quick)" if args.quick else "1024-4096-4096-10 (21.0 M parameters)"
+    lines = [f"`python benchmarks/fp16_step.py --steps {args.steps}`: torch MLP {model}, "
              f"2 workers x 32 samples, {args.steps} timed steps per contender, interleaved; "
              f"{os.cpu_count()} CPUs, load average at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}", "",
              *table(ranks), "",
