@@ -14,7 +14,8 @@ step runs every contender once, in an order that alternates, after a barrier:
 * ``ddp``: ``DistributedDataParallel`` (its one bucket is all-reduced from the autograd engine, inside backward).
 
 Per contender, the slowest rank's median of: the step; forward + backward (DDP's includes its all-reduce); from the
-last gradient's hook to the reduced gradients ("sync": the latency a step pays after its compute); the update.
+later rank's last gradient (its hook, inside backward) to the later rank holding the reduced gradients ("sync": the
+latency a step pays once both ranks' compute is done; DDP's is inside its backward); the update.
 Then Horovod's rounds per step, counted in a short second pass with Horovod's timeline on (one round = one Gloo
 all-reduce, which fuses what was ready in that cycle). A second job of plain processes (no Horovod) runs ``local``
 and ``ddp`` again: what Horovod's background loop (it wakes every ``HOROVOD_CYCLE_TIME`` and negotiates with the
@@ -96,21 +97,23 @@ def _step(v, net, opt, last, batch):
     else:
         opt.step()
     t3 = time.perf_counter()
-    # "sync": from the last gradient's hook (inside backward) to the reduced gradients.
-    return {"step": t3 - t0, "fwdbwd": t1 - t0, "sync": t2 - last[0], "update": t3 - t2}
+    # Durations, and two stamps for "sync" (perf_counter is the system's monotonic clock, the same in both
+    # processes): when this rank's last gradient was ready (its hook, inside backward) and when it held the reduced
+    # gradients.
+    return {"step": t3 - t0, "fwdbwd": t1 - t0, "update": t3 - t2, "last_grad": last[0], "reduced": t2}
 
 
 def _loop(variants, batch, models, steps, warmup):
     import torch.distributed as dist
 
-    times = {v: {k: [] for k in PHASES} for v in variants}
+    times = {v: {k: [] for k in (*PHASES, "last_grad", "reduced")} for v in variants}
     for i in range(warmup + steps):
         for v in (variants if i % 2 == 0 else variants[::-1]):
             dist.barrier()
             net, opt, last = models[v]
             t = _step(v, net, opt, last, batch)
             if i >= warmup:
-                for k in PHASES:
+                for k in (*PHASES[:2], PHASES[3], "last_grad", "reduced"):
                     times[v][k].append(t[k])
     return times
 
@@ -163,7 +166,14 @@ def rounds(path: str, steps: int) -> float:
 
 
 def _slowest(per_rank: list[dict], v: str, k: str) -> float:
-    return statistics.median(max(a, b) for a, b in zip(per_rank[0]["times"][v][k], per_rank[1]["times"][v][k]))
+    """The median over steps of the slowest rank's ``k``; for ``sync``: from the moment the *later* rank had its
+    last gradient to the moment the later rank held the reduced ones (the latency after all compute is done,
+    without the wait for the other rank's backward)."""
+    a, b = per_rank[0]["times"][v], per_rank[1]["times"][v]
+    if k == "sync":
+        return statistics.median(max(r0, r1) - max(g0, g1) for g0, g1, r0, r1 in
+                                 zip(a["last_grad"], b["last_grad"], a["reduced"], b["reduced"]))
+    return statistics.median(max(x, y) for x, y in zip(a[k], b[k]))
 
 
 def main(argv=None) -> int:
