@@ -10,7 +10,8 @@ step runs every contender once, in an order that alternates, after a barrier:
 * ``hooks``: ``hvd.DistributedOptimizer`` (one hook per gradient tensor hands it to Horovod during backward);
 * ``grouped``: hvdsync's default for small models (:class:`hvdsync.torch.grouped.GroupedOptimizer`): one grouped
   all-reduce after backward, waited for by poll + sleep;
-* ``grouped_spin``: the same call waited for by ``hvd.synchronize`` (Horovod's spinning wait);
+* ``grouped_spin``: the same call waited for by ``hvd.synchronize`` (Horovod 0.28.1 spins there; with hvdsync's
+  patch 0005 it waits on a condition variable);
 * ``ddp``: ``DistributedDataParallel`` (its one bucket is all-reduced from the autograd engine, inside backward).
 
 Per contender, the slowest rank's median of: the step; forward + backward (DDP's includes its all-reduce); from the

@@ -6,9 +6,11 @@ of gradients, a backward of a few ms) there is nothing to hide behind, and the h
 tensors that happens to be ready in one of Horovod's cycles becomes its own round (a cycle's wait, a negotiation,
 a ring, thread hand-offs), several per step. :class:`GroupedOptimizer` waits for the whole backward, then hands every
 gradient over in ONE ``hvd.grouped_allreduce_async_`` (one round, in place), which is what DDP does with a model
-that fits its first 25 MB bucket. It waits by polling with short sleeps: ``hvd.synchronize`` spins on
-``sched_yield`` and takes the core that Horovod's and Gloo's threads of both ranks need (benchmarks/README.md,
-"Where the time goes", point 4).
+that fits its first 25 MB bucket. It waits by polling with short sleeps: an unpatched Horovod 0.28.1's
+``hvd.synchronize`` spins on ``sched_yield`` and takes the core that Horovod's and Gloo's threads of both ranks need
+(benchmarks/README.md, "Where the time goes", point 4). hvdsync's own build has patch 0005 (a condition variable),
+where the two waits measured alike (step_latency.py, quiet: 49.6 vs 50.5 ms a step); the poll keeps a Horovod built
+elsewhere, such as a cluster's own, from spinning.
 
 The result is the same sum as the hooks' (per element, the same two addends), so parameters match the hook path's.
 """
