@@ -258,7 +258,24 @@ class SkipSynchronize:
             self._skip = False
 
 
-class CodecOptimizer(SkipSynchronize):
+class LocalOptimizerView(SkipSynchronize):
+    """What hvdsync's distributed optimizers share with ``hvd.DistributedOptimizer``: ``skip_synchronize()``, and
+    everything they do not define themselves (``param_groups``, ``state``, ``add_param_group``, ...) is the wrapped
+    local optimizer's (``self.optimizer``), so LR schedulers and user code see the optimizer they built."""
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["optimizer"], name)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+
+class CodecOptimizer(LocalOptimizerView):
     """A distributed optimizer for the reducing codecs, with ``hvd.DistributedOptimizer``'s calling convention.
 
     Gradients add up in ``.grad`` over the backward passes of a step; ``synchronize()`` combines them across ranks
@@ -287,17 +304,6 @@ class CodecOptimizer(SkipSynchronize):
         # Set by hvdsync.torch.precision.MixedPrecision under fp16: a callable returning the current loss scale.
         self.loss_scale = None
         self._skip = False
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["optimizer"], name)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
 
     @torch.no_grad()
     def synchronize(self) -> None:

@@ -24,7 +24,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdsync.core.runtime import REDUCE_OP_NAMES
-from hvdsync.torch.compression import CodecCompressor, SkipSynchronize
+from hvdsync.torch.compression import CodecCompressor, LocalOptimizerView
 from hvdsync.torch.sparse import densify
 
 POLL_S = 50e-6  # between polls of the pending all-reduce: well under a cycle (1 ms), long enough to free the core
@@ -53,7 +53,7 @@ def wait(handle, poll_s: float = POLL_S):
     return hvd.synchronize(handle)
 
 
-class GroupedOptimizer(SkipSynchronize):
+class GroupedOptimizer(LocalOptimizerView):
     """A distributed optimizer with ``hvd.DistributedOptimizer``'s calling convention that all-reduces every
     gradient in one grouped Horovod call in ``synchronize()`` (or ``step()``), after all backward passes of a step.
 
@@ -84,17 +84,6 @@ class GroupedOptimizer(SkipSynchronize):
         self.op = getattr(hvd, REDUCE_OP_NAMES[sync.op])
         self._skip = False
         self._reduced = False
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["optimizer"], name)
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
 
     @torch.no_grad()
     def synchronize(self) -> None:
