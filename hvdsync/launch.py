@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -27,6 +28,7 @@ from hvdsync.config import Config, ConfigError
 from hvdsync.core.loop import FitResult
 from hvdsync.core.progress import PROGRESS_ENV
 from hvdsync.core.runtime import apply_horovod_env
+from hvdsync.core.workers import STACKS_SIGNAL, Workers
 
 # Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -109,10 +111,14 @@ def _build_checks_from_binaries() -> Iterator[None]:
 def _call_quietly(payload: bytes):
     """Runs in each worker: filter TensorFlow's start-up lines (:mod:`hvdsync.core.quiet`) before anything can
     import it (unpickling the function may import the user's module, which may import TensorFlow), then call it."""
+    import faulthandler
+
     import cloudpickle
 
     from hvdsync.core.quiet import quiet_imports
 
+    # A launch that gives up on this worker asks for its stacks first (hvdsync.core.workers): the log says where.
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     quiet_imports()
     fn, args, kwargs = cloudpickle.loads(payload)
     return fn(*args, **kwargs)
@@ -171,7 +177,8 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2, sync=None,
         env: dict[str, str] | None = None, quiet: bool = True, progress: bool = True,
-        log_dir: str | Path | None = None, start_timeout: int = 120, runner_options: dict | None = None) -> list:
+        log_dir: str | Path | None = None, start_timeout: int = 120, runner_options: dict | None = None,
+        timeout: float | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``np`` local Horovod workers (Gloo) and return their results by rank.
 
     Args:
@@ -185,6 +192,9 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         log_dir: where the workers' log goes (default: a temporary folder, removed after a success, kept on failure).
         runner_options: more arguments for ``horovod.runner.run`` (an elastic job's discovery script, min/max
             workers: :mod:`hvdsync.elastic_launch`); they replace the fixed ``localhost:np`` hosts.
+        timeout: seconds after which the workers are stopped and :class:`WorkerError` is raised with their Python
+            stacks (default: no limit). Whatever else ends the call early (Ctrl-C, a test framework's time limit)
+            stops the workers too, so no hung worker outlives it.
 
     Example:
         >>> def hello():
@@ -197,6 +207,9 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
 
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
         raise ConfigError(f"np: {np!r} is not allowed; expected an integer >= 1")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                    and timeout > 0):
+        raise ConfigError(f"timeout: {timeout!r} is not allowed; expected a number of seconds > 0, or None")
     own_dir = log_dir is None  # a temporary folder of ours: removed after a success, kept (and named) on failure
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -222,17 +235,42 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
             stack.enter_context(contextlib.redirect_stderr(log))
         if progress:
             follower.start()
+        workers, expired = Workers(), threading.Event()
+        # Horovod's launcher points SIGINT/SIGTERM at its own shutdown event and never points them back: without
+        # restoring them, a notebook cell could not be interrupted after the first launch.
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} \
+            if threading.current_thread() is threading.main_thread() else {}
+        timer = threading.Timer(timeout, lambda: (expired.set(), workers.stop())) if timeout else None
         try:
             stack.enter_context(_build_checks_from_binaries())
             payload = cloudpickle.dumps((fn, args, kwargs or {}))
             where = runner_options or {"hosts": f"localhost:{np}"}
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             results = horovod_runner.run(_call_quietly, args=(payload,), num_proc=np, use_gloo=True,
                                          start_timeout=start_timeout, **where)
         except Exception as exc:
             log.flush()
+            if expired.is_set():
+                raise WorkerError(f"Horovod workers did not finish within timeout={timeout} s and were stopped; "
+                                  f"their Python stacks and last lines of {log_path}:\n"
+                                  f"{_tail(log_path, 120)}") from None
             raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n"
                               f"{_tail(log_path)}") from None
+        except BaseException:
+            # Interrupted from outside (a time limit, Ctrl-C outside Horovod's handler): the launcher's non-daemon
+            # threads would otherwise keep this interpreter alive for as long as the workers run.
+            workers.stop()
+            log.flush()
+            print(f"hvdsync.launch: interrupted; workers stopped. Their stacks and last lines of {log_path}:\n"
+                  f"{_tail(log_path, 120)}", file=terminal, flush=True)
+            raise
         finally:
+            if timer is not None:
+                timer.cancel()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
             stop.set()
             if progress:
                 follower.join(timeout=5)

@@ -1,4 +1,9 @@
 """The launcher: knobs reach the workers, failures come back readable, output stays out of the way."""
+import signal
+import threading
+import time
+
+import psutil
 import pytest
 
 from hvdsync import launch
@@ -23,6 +28,66 @@ def fail_on_rank_1():
     if hvd.rank() == 1:
         raise ValueError("rank 1 could not read its shard")
     return hvd.rank()
+
+
+def hang_in_an_allreduce_rank_1_never_joins():
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.rank() == 0:
+        hvd.allreduce(torch.ones(3), name="never_matched")
+    time.sleep(3600)
+
+
+class _GaveUp(BaseException):
+    """What a test framework's time limit raises in the main thread (pytest-timeout's Failed is a BaseException)."""
+
+
+def _left_behind() -> list:
+    """Worker processes (and their launcher threads) of this interpreter still alive a few seconds after a stop."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        procs = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+        threads = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+        if not procs and not threads:
+            return []
+        time.sleep(0.2)
+    return procs + threads
+
+
+def test_a_hung_job_stops_at_its_timeout_with_the_workers_stacks_and_leaves_nothing_running(tmp_path):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    with pytest.raises(launch.WorkerError) as err:
+        launch.run(hang_in_an_allreduce_rank_1_never_joins, np=2, progress=False, log_dir=tmp_path, timeout=25)
+    assert time.monotonic() - started < 60
+    message = str(err.value)
+    assert "did not finish within timeout=25 s" in message
+    assert "hang_in_an_allreduce_rank_1_never_joins" in message      # faulthandler's stacks name the hung line
+    assert _left_behind() == []
+    # Horovod's launcher took SIGINT/SIGTERM for itself; they are given back (a notebook cell stays interruptible).
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    with pytest.raises(ConfigError, match=r"timeout: 0 is not allowed; expected a number of seconds > 0"):
+        launch.run(report_env, np=2, timeout=0)
+
+
+def test_a_caller_that_gives_up_mid_run_stops_the_workers(tmp_path, capsys):
+    def give_up(signum, frame):
+        raise _GaveUp()
+
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(20)
+    try:
+        with pytest.raises(_GaveUp):
+            launch.run(hang_in_an_allreduce_rank_1_never_joins, np=2, progress=False, log_dir=tmp_path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert _left_behind() == []        # else Horovod's non-daemon threads would keep this interpreter from exiting
+    assert "interrupted; workers stopped" in capsys.readouterr().err
 
 
 def test_sync_knobs_reach_every_worker():
