@@ -46,12 +46,19 @@ class _GaveUp(BaseException):
     """What a test framework's time limit raises in the main thread (pytest-timeout's Failed is a BaseException)."""
 
 
-def _left_behind() -> list:
-    """Worker processes (and their launcher threads) of this interpreter still alive a few seconds after a stop."""
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _left_behind(before: set[int]) -> list:
+    """Processes started since ``before`` (the job's) and Horovod's launcher threads still alive a few seconds
+    after a stop (other tests' helpers, such as a session's tracking server, are not the job's)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        procs = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
-        threads = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+        procs = [p for p in psutil.Process().children(recursive=True)
+                 if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+        # Horovod's launcher threads (threading names them after their target, fn_execute) are non-daemon.
+        threads = [t for t in threading.enumerate() if "fn_execute" in t.name]
         if not procs and not threads:
             return []
         time.sleep(0.2)
@@ -60,14 +67,14 @@ def _left_behind() -> list:
 
 def test_a_hung_job_stops_at_its_timeout_with_the_workers_stacks_and_leaves_nothing_running(tmp_path):
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    started = time.monotonic()
+    before, started = _children(), time.monotonic()
     with pytest.raises(launch.WorkerError) as err:
         launch.run(hang_in_an_allreduce_rank_1_never_joins, np=2, progress=False, log_dir=tmp_path, timeout=25)
     assert time.monotonic() - started < 60
     message = str(err.value)
     assert "did not finish within timeout=25 s" in message
     assert "hang_in_an_allreduce_rank_1_never_joins" in message      # faulthandler's stacks name the hung line
-    assert _left_behind() == []
+    assert _left_behind(before) == []
     # Horovod's launcher took SIGINT/SIGTERM for itself; they are given back (a notebook cell stays interruptible).
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     with pytest.raises(ConfigError, match=r"timeout: 0 is not allowed; expected a number of seconds > 0"):
@@ -78,6 +85,7 @@ def test_a_caller_that_gives_up_mid_run_stops_the_workers(tmp_path, capsys):
     def give_up(signum, frame):
         raise _GaveUp()
 
+    before = _children()
     previous = signal.signal(signal.SIGALRM, give_up)
     signal.alarm(20)
     try:
@@ -86,7 +94,7 @@ def test_a_caller_that_gives_up_mid_run_stops_the_workers(tmp_path, capsys):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    assert _left_behind() == []        # else Horovod's non-daemon threads would keep this interpreter from exiting
+    assert _left_behind(before) == []  # else Horovod's non-daemon threads would keep this interpreter from exiting
     assert "interrupted; workers stopped" in capsys.readouterr().err
 
 
