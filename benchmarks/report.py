@@ -121,5 +121,8 @@ def machine() -> dict:
     import platform
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+    # The OS, architecture and C library, not the kernel's build string (that names the host, not the software).
+    libc = " ".join(platform.libc_ver()).strip()
+    return {"cpus": os.cpu_count(), "platform": " ".join(x for x in (platform.system(), platform.machine(), libc) if x),
+            "python": platform.python_version(),
             "loadavg_at_start": load, "load": " ".join(f"{x:.1f}" for x in load) if load else "n/a"}
