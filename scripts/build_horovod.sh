@@ -7,7 +7,7 @@
 # are the patch files in scripts/horovod-patches/, each of which says why and which upstream change it mirrors.
 #
 # The built wheel is cached under $HVDSYNC_CACHE (default ~/.cache/hvdsync), keyed by everything it was built
-# against: Horovod version, torch, TensorFlow, Python ABI, CUDA/NCCL (or cpu), the compiler, and the bytes of the
+# against: Horovod version, torch, TensorFlow, Python ABI, CUDA/NCCL (or cpu), the compiler, and the diffs of the
 # patches with this script's RECIPE number. A second run with the same key installs the cached wheel in seconds; any change to
 # the key rebuilds from a clean source tree (a reused tree breaks CMake: third_party/compatible17_gloo is left).
 #
@@ -145,7 +145,10 @@ gcc13_includes=""
 if [ "${cxx%%.*}" -ge 13 ] 2>/dev/null && ${CXX:-c++} --version 2>/dev/null | grep -qiE "gcc|g\+\+"; then
   gcc13_includes="-include cstdint -include string -include stdexcept"
 fi
-fix_sum="$( (cat "${patches[@]}"; echo "recipe $RECIPE"; [ -z "$gcc13_includes" ] || echo "$gcc13_includes") \
+# Only what `patch` applies is part of the key: each patch's name and its diff, not the header above the first
+# "--- " / "diff --git" line that says why, so rewording a header does not cost a 12-minute rebuild.
+patch_bodies() { for p in "$@"; do echo "== $(basename "$p")"; awk '/^(--- |diff --git )/ { on = 1 } on' "$p"; done; }
+fix_sum="$( (patch_bodies "${patches[@]}"; echo "recipe $RECIPE"; [ -z "$gcc13_includes" ] || echo "$gcc13_includes") \
            | sha256sum | cut -c1-12)"
 key="horovod${HOROVOD_VERSION}-${versions}-${gpu}-gcc${cxx}-fixes${fix_sum}"
 key_dir="$cache_root/$(printf '%s' "$key" | sha256sum | cut -c1-16)"
