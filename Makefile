@@ -25,6 +25,7 @@ bench: install
 	$(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/compression.py
 	$(PY) benchmarks/training.py --json benchmarks/results/training.json --md benchmarks/results/training.md
+	$(PY) benchmarks/idle_loop.py --json benchmarks/results/idle_loop.json
 
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"

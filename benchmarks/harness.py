@@ -38,7 +38,8 @@ MB = 1024 * 1024
 # Horovod tuning variables a variant may set. Any of them in the caller's environment is removed while the benchmark
 # launches workers, so "Horovod's defaults" are Horovod's and not whatever the shell exported.
 TUNING_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_THREAD_AFFINITY",
-               "HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_DISABLE_GROUP_FUSION")
+               "HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_DISABLE_GROUP_FUSION",
+               "HOROVOD_IDLE_WAIT_MS")
 # Set by the benchmark's own self-test (``--inject-error``): perturb one element after the reduce.
 INJECT_ENV = "HVDSYNC_BENCH_INJECT_ERROR"
 

@@ -38,6 +38,10 @@ DEFAULTS = {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
 # HOROVOD_CACHE_CAPACITY=(None,), which Horovod's strtof/strtol read as 0: no cycle sleep, no response cache.
 UNPATCHED_RUNNER = {"HOROVOD_CYCLE_TIME": "0", "HOROVOD_CACHE_CAPACITY": "0"}
 RUNNER_LABEL = "cycle 0, cache 0 (unpatched runner.run)"
+# Upstream's background loop, which negotiates an empty cycle every cycle time while nothing is outstanding;
+# scripts/horovod-patches/0007 lets an idle loop wait for work instead (a Horovod without 0007 ignores the variable).
+UPSTREAM_LOOP = {"HOROVOD_IDLE_WAIT_MS": "0"}
+UPSTREAM_LOOP_LABEL = "cycle 1 ms, upstream idle loop (no 0007)"
 
 
 def _v(name, label, env=None, **kw) -> harness.Variant:
@@ -54,6 +58,7 @@ def single() -> list[harness.Variant]:
         _v("outofplace", "defaults, hvd.allreduce (out of place)", call="allreduce"),
         *cyc,
         _v("nocache", "cycle 1 ms, cache 0", {"HOROVOD_CACHE_CAPACITY": "0"}, call="allreduce_"),
+        _v("busyloop", UPSTREAM_LOOP_LABEL, UPSTREAM_LOOP, call="allreduce_"),
         _v("sleepwait", "defaults, poll + sleep 50 us wait", call="allreduce_", wait="sleep"),
         _v("affinity", "defaults, HOROVOD_THREAD_AFFINITY=0,1", {"HOROVOD_THREAD_AFFINITY": "0,1"},
            call="allreduce_"),
@@ -88,6 +93,7 @@ def step(pieces: int, compute: int) -> list[harness.Variant]:
         _v("s_runner", RUNNER_LABEL, UNPATCHED_RUNNER, **kw),
         *cyc,
         _v("s_sleepwait", "cycle 1 ms, poll + sleep 50 us wait", wait="sleep", **kw),
+        _v("s_busyloop", UPSTREAM_LOOP_LABEL, UPSTREAM_LOOP, **kw),
         harness.Variant("torch", "torch.distributed (one all_reduce)", backend="torch", compute=compute),
     ]
 

@@ -90,6 +90,11 @@ def contenders(framework: str, work: Work, knobs: bool) -> list[Contender]:
         # per-tensor hooks it replaced, in the same run (TensorFlow always reduces in one grouped call).
         out += [c("api_hooks", "adapter API, per-tensor hooks", "api", "knobs", {"grouped_mb": 0}, versus="api"),
                 c("fit_hooks", "fit, per-tensor hooks", "fit", "knobs", {"grouped_mb": 0}, versus="fit")]
+    if knobs and work.model == "cnn":
+        # Horovod's background loop as upstream has it (scripts/horovod-patches/0007 off): an empty negotiation
+        # with the other rank every cycle while the model computes, on cores the compute needs.
+        out.append(c("fit_busyloop", "fit, upstream idle loop (no 0007)", "fit", "knobs", {}, versus="fit",
+                     env={"HOROVOD_IDLE_WAIT_MS": "0"}))
     if knobs and work.model == "mlp":
         out += [c("fp16", "fp16 on the wire", "api", "knobs", {"compression": "fp16"}, versus="api",
                   tolerance=TOLERANCE_FP16),

@@ -140,3 +140,21 @@ def test_training_tensorflow_contenders_match_one_process(tmp_path):
     assert rows["mwms"]["correct"] and rows["mwms"]["relative_error"] < 1e-4, rows["mwms"]
     assert rows["raw"]["checked"] and not rows["raw"]["correct"]
     assert proc.returncode == 3
+
+
+# ---- benchmarks/idle_loop.py: the compute of idle workers, plain / Horovod with 0007 / upstream's loop ------------
+def test_idle_loop_times_every_contender_in_every_round(tmp_path):
+    out = tmp_path / "idle.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "idle_loop.py"), "--rounds", "2", "--seconds",
+                           "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert len(doc["rounds"]) == 2
+    for r in doc["rounds"]:
+        assert set(r) == {"plain", "horovod", "upstream"}
+        for name, row in r.items():
+            assert 0 < row["cpu"] <= row["wall"] + 0.5, (name, row)   # the thread's CPU fits in its wall time
+            assert 0 < row["share"] <= 2.0, (name, row)                # a share of the 2 cores
+    assert doc["step_over_plain"]["plain"] == [1.0, 1.0]
+    for name in ("plain", "horovod", "upstream"):
+        assert proc.stdout.count(f"\n{name} ") == 1, name            # one table row per contender
