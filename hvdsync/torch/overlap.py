@@ -108,7 +108,7 @@ def probe(orders: tuple[str, ...] = ("big_last", "big_first"), variants: tuple[s
     Example::
 
         rows = launch.run(probe, np=2, sync=SyncConfig(fusion_threshold_mb=0),
-                          env={"HOROVOD_TIMELINE": "/tmp/tl.json"})[0]
+                          env={"HOROVOD_TIMELINE": "timeline.json"})[0]
     """
     hvd.init()
     torch.set_num_threads(1)
