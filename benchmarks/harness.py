@@ -40,6 +40,9 @@ MB = 1024 * 1024
 TUNING_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_THREAD_AFFINITY",
                "HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_DISABLE_GROUP_FUSION",
                "HOROVOD_IDLE_WAIT_MS")
+# Horovod's background loop as upstream has it: with scripts/horovod-patches/0007 an idle loop waits for work; this
+# switches that off, so a run can compare the two (a Horovod without 0007 ignores the variable).
+UPSTREAM_LOOP = {"HOROVOD_IDLE_WAIT_MS": "0"}
 # Set by the benchmark's own self-test (``--inject-error``): perturb one element after the reduce.
 INJECT_ENV = "HVDSYNC_BENCH_INJECT_ERROR"
 

@@ -38,9 +38,8 @@ DEFAULTS = {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
 # HOROVOD_CACHE_CAPACITY=(None,), which Horovod's strtof/strtol read as 0: no cycle sleep, no response cache.
 UNPATCHED_RUNNER = {"HOROVOD_CYCLE_TIME": "0", "HOROVOD_CACHE_CAPACITY": "0"}
 RUNNER_LABEL = "cycle 0, cache 0 (unpatched runner.run)"
-# Upstream's background loop, which negotiates an empty cycle every cycle time while nothing is outstanding;
-# scripts/horovod-patches/0007 lets an idle loop wait for work instead (a Horovod without 0007 ignores the variable).
-UPSTREAM_LOOP = {"HOROVOD_IDLE_WAIT_MS": "0"}
+# Upstream's background loop, which negotiates an empty cycle every cycle time while nothing is outstanding.
+UPSTREAM_LOOP = harness.UPSTREAM_LOOP
 UPSTREAM_LOOP_LABEL = "cycle 1 ms, upstream idle loop (no 0007)"
 
 

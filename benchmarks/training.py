@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402  (this folder is not a package)
+from harness import UPSTREAM_LOOP  # noqa: E402
 from step_common import WRONG_ENV, Spec, Work  # noqa: E402
 
 # Parameters after the same steps, relative to how far the 1-process run moved them: float rounding of a
@@ -94,7 +95,7 @@ def contenders(framework: str, work: Work, knobs: bool) -> list[Contender]:
         # Horovod's background loop as upstream has it (scripts/horovod-patches/0007 off): an empty negotiation
         # with the other rank every cycle while the model computes, on cores the compute needs.
         out.append(c("fit_busyloop", "fit, upstream idle loop (no 0007)", "fit", "knobs", {}, versus="fit",
-                     env={"HOROVOD_IDLE_WAIT_MS": "0"}))
+                     env=UPSTREAM_LOOP))
     if knobs and work.model == "mlp":
         out += [c("fp16", "fp16 on the wire", "api", "knobs", {"compression": "fp16"}, versus="api",
                   tolerance=TOLERANCE_FP16),

@@ -3,11 +3,11 @@ import signal
 import threading
 import time
 
-import psutil
 import pytest
 
 from hvdsync import launch
 from hvdsync.config import Config, ConfigError
+from hvdsync.core.workers import Workers
 
 
 def report_env():
@@ -46,17 +46,12 @@ class _GaveUp(BaseException):
     """What a test framework's time limit raises in the main thread (pytest-timeout's Failed is a BaseException)."""
 
 
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def _left_behind(before: set[int]) -> list:
-    """Processes started since ``before`` (the job's) and Horovod's launcher threads still alive a few seconds
-    after a stop (other tests' helpers, such as a session's tracking server, are not the job's)."""
+def _left_behind(before: Workers) -> list:
+    """Processes started since ``before`` was made (the job's) and Horovod's launcher threads still alive a few
+    seconds after a stop (other tests' helpers, such as a session's tracking server, are not the job's)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        procs = [p for p in psutil.Process().children(recursive=True)
-                 if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+        procs = before.started()
         # Horovod's launcher threads (threading names them after their target, fn_execute) are non-daemon.
         threads = [t for t in threading.enumerate() if "fn_execute" in t.name]
         if not procs and not threads:
@@ -67,7 +62,7 @@ def _left_behind(before: set[int]) -> list:
 
 def test_a_hung_job_stops_at_its_timeout_with_the_workers_stacks_and_leaves_nothing_running(tmp_path):
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    before, started = _children(), time.monotonic()
+    before, started = Workers(), time.monotonic()
     with pytest.raises(launch.WorkerError) as err:
         launch.run(hang_in_an_allreduce_rank_1_never_joins, np=2, progress=False, log_dir=tmp_path, timeout=25)
     assert time.monotonic() - started < 60
@@ -85,7 +80,7 @@ def test_a_caller_that_gives_up_mid_run_stops_the_workers(tmp_path, capsys):
     def give_up(signum, frame):
         raise _GaveUp()
 
-    before = _children()
+    before = Workers()
     previous = signal.signal(signal.SIGALRM, give_up)
     signal.alarm(20)
     try:
