@@ -11,7 +11,10 @@ step, one ``tf.function`` call each, interleaved step by step (so machine noise 
 * ``api_sums``: the same optimizer made to take its accumulation path at ``accumulate=1`` (gradients into sum
   variables, a ``tf.cond``, read back, zeroed): what the fast path saves;
 * ``api_before``: ``api_sums`` with the wire counted by one ``py_function`` per gradient tensor (Horovod's
-  ``compression=`` hook), as before the round was counted in one op: what hvdsync's step was before both changes.
+  ``compression=`` hook), as before the round was counted in one op: what hvdsync's step was before both changes;
+* ``fit_step``: ``hvdsync.tensorflow.fit``'s step (``TensorFlowBackend.train_step``: the backward pass, the
+  all-reduce and the update in one graph, its phases timed by the graph's clock reads);
+* ``fit_3graphs``: the same three phases as three graph calls, as ``fit`` ran them before (what one graph saves).
 
 Printed per contender: the median step time (the slower rank's) and its ratio to ``raw``, the median process CPU
 time per step (less sensitive to the other jobs on a shared machine) and its ratio, and the ops in the traced graph
@@ -28,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-CONTENDERS = ("raw", "api", "api_sums", "api_before")
+CONTENDERS = ("raw", "api", "api_sums", "api_before", "fit_step", "fit_3graphs")
 
 
 def _graph_ops(graph) -> int:
@@ -60,6 +63,21 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
     steps_fn, ops = {}, {}
     for name in CONTENDERS:
         m = model(work)
+        if name.startswith("fit"):
+            from hvdsync.tensorflow.train import TensorFlowBackend
+
+            b = TensorFlowBackend(m, keras.optimizers.SGD(work.lr), SyncConfig(), input_shape=work.input_shape())
+            scale = tf.constant(1.0 / work.global_batch)
+            if name == "fit_step":
+                steps_fn[name] = lambda x, y, b=b, scale=scale: b.train_step([(x, y)], scale)
+                graphs = [b._fused[True]]
+            else:
+                steps_fn[name] = lambda x, y, b=b, s=scale: (b._first_backward(x, y, s), b._synchronize(), b._update())
+                graphs = [b._first_backward, b._synchronize, b._update]
+            shapes = spec + [tf.TensorSpec((), tf.float32)]
+            ops[name] = sum(_graph_ops((g.get_concrete_function(*shapes) if g.input_signature else
+                                        g.get_concrete_function()).graph) for g in graphs)
+            continue
         if name == "raw":
             opt = keras.optimizers.SGD(work.lr)
             opt.build(m.trainable_variables)

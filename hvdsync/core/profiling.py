@@ -56,26 +56,52 @@ class PhaseTimer:
         ``slow_down`` is proportional to)."""
         start = time.perf_counter()
         slow = name == "compute" and self.slowdown > 1.0
-        extra = 0.0
-        if slow and samples and self._per_sample:
-            # Busy *before* the work, in proportion to its samples: the slowed rank hands its gradients to Horovod
-            # as late as a slower processor would. Busy after the work, a PyTorch rank's backward hooks had already
-            # started its all-reduce, which then ran hidden behind the busy wait (a TensorFlow rank all-reduces
-            # after its compute phase, so the two frameworks' slowdowns differed).
-            extra = (self.slowdown - 1.0) * float(np.median(self._per_sample)) * samples
-            _busy_until(start + extra)
+        extra = self.slow_before(samples) if slow else 0.0
         try:
             work_start = time.perf_counter()
             yield
             if slow:
                 took = time.perf_counter() - work_start
-                if samples:
-                    self._per_sample.append(took / samples)
+                self._learn(took, samples)
                 if not extra:  # nothing measured yet (the first phase): busy after it, in proportion to its time
                     _busy_until(time.perf_counter() + (self.slowdown - 1.0) * took)
         finally:
-            self.seconds[name] += time.perf_counter() - start
-            self.counts[name] += 1
+            self.add(name, time.perf_counter() - start)
+
+    @property
+    def slows_before(self) -> bool:
+        """Whether a ``compute`` phase timed apart (:meth:`add_compute`) is slowed as :meth:`phase` slows it: not
+        slowed at all, or with the per-sample cost already measured (the first slowed phase is busy *after* its
+        work, which only :meth:`phase` can do)."""
+        return self.slowdown <= 1.0 or bool(self._per_sample)
+
+    def slow_before(self, samples: int | None) -> float:
+        """Under :meth:`slow_down`, stay busy before a compute phase of ``samples`` for ``factor - 1`` times their
+        measured cost; returns the seconds it took (0 when not slowed or nothing is measured yet)."""
+        if not (self.slowdown > 1.0 and samples and self._per_sample):
+            return 0.0
+        # Busy *before* the work, in proportion to its samples: the slowed rank hands its gradients to Horovod
+        # as late as a slower processor would. Busy after the work, a PyTorch rank's backward hooks had already
+        # started its all-reduce, which then ran hidden behind the busy wait (a TensorFlow rank all-reduces
+        # after its compute phase, so the two frameworks' slowdowns differed).
+        start = time.perf_counter()
+        _busy_until(start + (self.slowdown - 1.0) * float(np.median(self._per_sample)) * samples)
+        return time.perf_counter() - start
+
+    def _learn(self, took: float, samples: int | None) -> None:
+        if self.slowdown > 1.0 and samples:
+            self._per_sample.append(took / samples)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` of phase ``name`` measured elsewhere (e.g. inside a graph that runs several phases)."""
+        self.seconds[name] += seconds
+        self.counts[name] += 1
+
+    def add_compute(self, seconds: float, samples: int | None, slowed: float = 0.0) -> None:
+        """A ``compute`` phase of ``samples`` whose work took ``seconds``, after :meth:`slow_before` kept the rank
+        busy for ``slowed``: the same record :meth:`phase` makes (see :attr:`slows_before`)."""
+        self._learn(seconds, samples)
+        self.add("compute", slowed + seconds)
 
     def shares(self) -> dict[str, float]:
         """Each phase's share of the timed total (0..1)."""
