@@ -182,6 +182,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def _reduce_and_apply(self, grads, trainable_variables) -> None:
         # The fast path: what accumulate + synchronize + step do for one pass, on tensors instead of the sums.
+        self.apply_reduced(self.reduce_pass(grads, trainable_variables))
+
+    def apply_reduced(self, reduced: Sequence[tf.Tensor]) -> None:
+        """Update with gradients already combined across ranks (:meth:`reduce_pass`), one per variable in build
+        order."""
+        self.inner_optimizer.apply(list(reduced), self._trainable_variables)
+
+    def reduce_pass(self, grads, trainable_variables=None, keep: bool = False) -> list[tf.Tensor]:
+        """One backward pass's gradients combined across ranks, one per variable in build order, without the sums
+        (what :meth:`apply` does at ``accumulate=1``, before the update). ``keep``: also leave them in
+        :attr:`gradient_sums`, as :meth:`synchronize` does (for a gradient norm read after the step)."""
         given = dict(zip(self._variable_index(trainable_variables), grads))
         dense = []
         for i, v in enumerate(self._trainable_variables):
@@ -193,7 +204,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                     self._sparse_at.add(i)
                 g = tf.convert_to_tensor(g)  # rows summed, as add_slices sums them into a zero table
             dense.append(tf.cast(g, v.dtype))
-        self.inner_optimizer.apply(self._reduce(dense), self._trainable_variables)
+        reduced = self._reduce(dense)
+        if keep:
+            for total, r in zip(self._grad_sums, reduced):
+                total.assign(r)
+        return reduced
 
     def _reduce(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """``grads`` (one per variable, in build order) combined across ranks: the dense ones in one reducer

@@ -117,12 +117,20 @@ class TensorFlowBackend:
         # Timestamps are stateful but touch no resource, so tf.function does not order them: explicit dependencies.
         with tf.control_dependencies([loss, *tf.nest.flatten(grads, expand_composites=True)]):
             computed = tf.timestamp()
-        self.optimizer.accumulate(grads, fresh=fresh)
-        self.optimizer.synchronize()
-        # Reads after the sums' last writes (tf.function orders ops on the same variable): the all-reduce is done.
-        with tf.control_dependencies([tf.identity(s.value) for s in self.optimizer.gradient_sums]):
-            synced = tf.timestamp()
-        self.optimizer.step(clear=False)
+        if fresh and self.optimizer.direct:
+            # One pass per step: the gradients go straight into the all-reduce and the update, as in a raw Horovod
+            # step; the reduced ones are kept in the sums only for grad_norm (one write, no read back).
+            reduced = self.optimizer.reduce_pass(grads, keep=True)
+            with tf.control_dependencies(reduced):
+                synced = tf.timestamp()
+            self.optimizer.apply_reduced(reduced)
+        else:
+            self.optimizer.accumulate(grads, fresh=fresh)
+            self.optimizer.synchronize()
+            # Reads after the sums' last writes (tf.function orders ops on one variable): the all-reduce is done.
+            with tf.control_dependencies([tf.identity(s.value) for s in self.optimizer.gradient_sums]):
+                synced = tf.timestamp()
+            self.optimizer.step(clear=False)
         return tf.stack([tf.cast(loss, tf.float64), computed, synced])
 
     def _gradients(self, x: tf.Tensor, y: tf.Tensor, scale: tf.Tensor) -> tuple[tf.Tensor, list]:
