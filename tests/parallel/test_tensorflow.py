@@ -87,6 +87,18 @@ def test_grad_norm_asked_after_the_step_is_the_last_updates_gradient(ranks):
         assert got[0]["grad_norm"] == got[1]["grad_norm"], name
 
 
+def test_fit_one_graph_step_puts_a_late_ranks_wait_in_sync_wait(ranks):
+    # Rank 1 starts each step LATE_S late. The step is one graph timed by its own clock reads; placed wrong, rank 0's
+    # wait would land in compute or update instead.
+    c0, c1 = ranks[0]["phases"], ranks[1]["phases"]
+    late = c0["steps"] * tf_checks.LATE_S
+    for c in (c0, c1):  # one graph per step, the three-graph path never taken
+        assert c["steps"] >= 6 and c["traces"]["step_first"] == 1 and c["traces"]["synchronize"] == 0, c
+    assert c0["phases"]["sync_wait"] >= 0.8 * late, c0
+    assert c0["phases"]["compute"] + c0["phases"]["update"] < 0.5 * late, c0
+    assert c1["phases"]["sync_wait"] < 0.5 * late, c1
+
+
 def test_uneven_data_every_rank_runs_the_same_steps_and_matches_one_process(ranks):
     # 101 samples, 2 ranks x 8, accumulate 3: the last step holds 5 samples (3 + 2; one rank has an empty micro-batch).
     uneven = [r["uneven"] for r in ranks]

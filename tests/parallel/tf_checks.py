@@ -92,6 +92,44 @@ def check_fit(n: int, batch_size: int, accumulate: int, epochs: int, compression
     return out
 
 
+# check_phases: rank 1 starts every step this much later than rank 0.
+LATE_S = 0.05
+
+
+def check_phases(n: int = 160, batch_size: int = 8, warmup: int = 2) -> dict:
+    """``fit``'s step runs its pass, all-reduce and update as one graph and times the phases by the graph's clock
+    reads. Rank 1 starts every step ``LATE_S`` late (asleep before it): rank 0 must see that as ``sync_wait``
+    (inside its all-reduce), not as compute or update. Phase seconds of the steps after ``warmup`` (the first
+    call traces the graph)."""
+    import time
+
+    import horovod.tensorflow as hvd
+
+    from hvdsync.core.loop import Callback, fit_loop
+    from hvdsync.core.profiling import PHASES
+    from hvdsync.core.tracking import Tracker
+    from hvdsync.tensorflow import build, init
+
+    cfg = _config(batch_size=batch_size).replace(train={"epochs": 1})
+    init(cfg)
+    data = _dataset(n)
+    backend = build(cfg, data)
+    marks = {}
+
+    class Late(Callback):
+        def on_step_begin(self, ctx):
+            if hvd.rank() == 1:
+                time.sleep(LATE_S)
+
+        def on_step_end(self, ctx):
+            if ctx.global_step == warmup:
+                marks["start"] = backend.timer.snapshot()
+
+    result = fit_loop(cfg, backend, data, tracker=Tracker(), callbacks=[Late()])
+    after = dict(zip(PHASES, (b - a for a, b in zip(marks["start"], backend.timer.snapshot()))))
+    return {"steps": result.optimizer_steps - warmup, "phases": after, "traces": backend.traces()}
+
+
 def check_apply_gradients(n: int = 64, batch_size: int = 8, accumulate: int = 4) -> dict:
     """The user-level API: a hand-written ``tf.function`` step calling ``apply_gradients`` once per micro-batch."""
     import horovod.tensorflow as hvd
@@ -378,6 +416,7 @@ def run_all(digits_epochs: int = 5, tracking_uri: str | None = None) -> dict:
         "accumulate": lambda: check_fit(96, 8, 4, 2),
         "uneven": lambda: check_fit(101, 8, 3, 2),
         "even_fp16": lambda: check_fit(96, 8, 1, 2, compression="fp16"),
+        "phases": check_phases,
         "apply_gradients": check_apply_gradients,
         "broadcast": check_broadcast,
         "sync_bn": check_sync_batch_norm,
