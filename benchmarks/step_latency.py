@@ -12,6 +12,8 @@ step runs every contender once, in an order that alternates, after a barrier:
   all-reduce after backward, waited for by poll + sleep;
 * ``grouped_spin``: the same call waited for by ``hvd.synchronize`` (Horovod 0.28.1 spins there; with hvdsync's
   patch 0005 it waits on a condition variable);
+* ``fit_step``: ``hvdsync.torch.fit``'s own step (``TorchBackend.train_step``: ``grouped`` with the phase timer,
+  the loss scaled for the global batch); its fwd+bwd and sync are the timer's compute and sync-wait phases;
 * ``ddp``: ``DistributedDataParallel`` (its one bucket is all-reduced from the autograd engine, inside backward).
 
 Per contender, the slowest rank's median of: the step; forward + backward (DDP's includes its all-reduce); from the
@@ -36,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-VARIANTS = ("local", "hooks", "grouped", "grouped_spin", "ddp")
+VARIANTS = ("local", "hooks", "grouped", "grouped_spin", "fit_step", "ddp")
 PHASES = ("step", "fwdbwd", "sync", "update")
 
 
@@ -68,6 +70,11 @@ def _setup(variants, rank, port, horovod: bool):
             from hvdsync.torch.grouped import GroupedOptimizer
 
             opt = GroupedOptimizer(opt, m.named_parameters(), SyncConfig(), CodecCompressor("none"))
+        elif v == "fit_step":
+            from hvdsync.config import SyncConfig
+            from hvdsync.torch.train import TorchBackend
+
+            opt = TorchBackend(m, opt, SyncConfig())  # wraps the SGD as fit does (grouped for this small model)
         last = [0.0]
         for p in m.parameters():
             p.register_post_accumulate_grad_hook(lambda _p, last=last: last.__setitem__(0, time.perf_counter()))
@@ -79,6 +86,15 @@ def _step(v, net, opt, last, batch):
     import torch.nn.functional as F
 
     t0 = time.perf_counter()
+    if v == "fit_step":
+        from hvdsync.core.scaling import loss_scale
+
+        before = opt.timer.snapshot()
+        opt.train_step([batch], loss_scale(2 * len(batch[1]), 2, "average"))
+        t3 = time.perf_counter()
+        _, compute, sync, update = (b - a for a, b in zip(before, opt.timer.snapshot()))
+        return {"step": t3 - t0, "fwdbwd": compute, "update": update, "last_grad": last[0],
+                "reduced": t0 + compute + sync}
     opt.zero_grad()
     F.cross_entropy(net(batch[0]), batch[1]).backward()
     t1 = time.perf_counter()
