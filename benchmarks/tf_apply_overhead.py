@@ -17,12 +17,15 @@ step, one ``tf.function`` call each, interleaved step by step (so machine noise 
 * ``fit_3graphs``: the same three phases as three graph calls, as ``fit`` ran them before (what one graph saves).
 
 Printed per contender: the median step time (the slower rank's) and its ratio to ``raw``, the median process CPU
-time per step (less sensitive to the other jobs on a shared machine) and its ratio, and the ops in the traced graph
-(with the ops of the functions it calls, e.g. the branches of a ``tf.cond``).
+time per step (less sensitive to the other jobs on a shared machine) and its ratio, the ops in the traced graph
+(with the ops of the functions it calls, e.g. the branches of a ``tf.cond``), and the largest difference between its
+final parameters and raw's: every contender takes the same steps from the same start, so a fast contender that
+computes something else shows there (``--json PATH`` writes the same table).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -60,14 +63,17 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
     half = work.global_batch // hvd.size()
     x, y = x[hvd.rank() * half:(hvd.rank() + 1) * half], y[hvd.rank() * half:(hvd.rank() + 1) * half]
     spec = [tf.TensorSpec((None, *work.input_shape()), tf.float32), tf.TensorSpec((None,), tf.int64)]
-    steps_fn, ops = {}, {}
+    steps_fn, ops, models = {}, {}, {}
     for name in CONTENDERS:
-        m = model(work)
+        m = models[name] = model(work)
         if name.startswith("fit"):
             from hvdsync.tensorflow.train import TensorFlowBackend
 
+            from hvdsync.core.scaling import loss_scale
+
             b = TensorFlowBackend(m, keras.optimizers.SGD(work.lr), SyncConfig(), input_shape=work.input_shape())
-            scale = tf.constant(1.0 / work.global_batch)
+            # fit's loss is each pass's sum times this scale: with Horovod's average, the global batch's mean.
+            scale = tf.constant(loss_scale(work.global_batch, hvd.size(), "average"))
             if name == "fit_step":
                 steps_fn[name] = lambda x, y, b=b, scale=scale: b.train_step([(x, y)], scale)
                 graphs = [b._fused[True]]
@@ -107,8 +113,12 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
             if i >= warmup:
                 times[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
+    # Every contender made the same steps from the same start on the same samples: the same parameters as raw's.
+    raw = [v.numpy() for v in models["raw"].trainable_variables]
+    diff = {n: max(float(abs(v.numpy() - r).max()) for v, r in zip(models[n].trainable_variables, raw))
+            for n in CONTENDERS}
     hvd.shutdown()
-    return {"times": times, "cpu": cpu, "ops": ops, "variables": len(m.trainable_variables)}
+    return {"times": times, "cpu": cpu, "ops": ops, "variables": len(m.trainable_variables), "diff": diff}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     p.add_argument("--steps", type=int, default=200, help="timed steps per contender")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     args = p.parse_args(argv)
     print(f"{args.model}: 2 workers x 1 thread, {args.steps} interleaved steps; load average {report.machine()['load']}",
           flush=True)
@@ -126,11 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     step = {n: [max(a, b) for a, b in zip(ranks[0]["times"][n], ranks[1]["times"][n])] for n in CONTENDERS}
     cpu = {n: [(a + b) / 2 for a, b in zip(ranks[0]["cpu"][n], ranks[1]["cpu"][n])] for n in CONTENDERS}
     base, base_cpu = statistics.median(step["raw"]), statistics.median(cpu["raw"])
-    print(f"{'contender':<11} {'step ms':>8} {'/raw':>6} {'CPU ms':>7} {'/raw':>6} {'graph ops':>9}")
+    print(f"{'contender':<11} {'step ms':>8} {'/raw':>6} {'CPU ms':>7} {'/raw':>6} {'graph ops':>9} "
+          f"{'|param - raw|':>13}")
+    rows = {}
     for n in CONTENDERS:
         med, c = statistics.median(step[n]), statistics.median(cpu[n])
-        print(f"{n:<11} {med * 1e3:8.2f} {med / base:6.3f} {c * 1e3:7.2f} {c / base_cpu:6.3f} {ranks[0]['ops'][n]:9d}")
+        diff = max(r["diff"][n] for r in ranks)
+        rows[n] = {"step_ms": med * 1e3, "step_over_raw": med / base, "cpu_ms": c * 1e3, "cpu_over_raw": c / base_cpu,
+                   "graph_ops": ranks[0]["ops"][n], "param_diff": diff}
+        print(f"{n:<11} {med * 1e3:8.2f} {med / base:6.3f} {c * 1e3:7.2f} {c / base_cpu:6.3f} {ranks[0]['ops'][n]:9d} "
+              f"{diff:13.1e}")
     print(f"{ranks[0]['variables']} gradient tensors; load average at end {report.machine()['load']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "steps": args.steps, "rows": rows}, indent=1))
     return 0
 
 

@@ -158,3 +158,33 @@ def test_idle_loop_times_every_contender_in_every_round(tmp_path):
     assert doc["step_over_plain"]["plain"] == [1.0, 1.0]
     for name in ("plain", "horovod", "upstream"):
         assert proc.stdout.count(f"\n{name} ") == 1, name            # one table row per contender
+
+
+# ---- benchmarks/tf_apply_overhead.py and step_latency.py: contenders interleaved step by step in the same workers --
+def test_tf_apply_overhead_runs_every_contender_to_raw_horovods_parameters(tmp_path):
+    out = tmp_path / "tf_apply.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tf_apply_overhead.py"), "--steps", "2",
+                           "--warmup", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"raw", "api", "api_sums", "api_before", "fit_step", "fit_3graphs"}
+    assert rows["raw"]["step_over_raw"] == 1.0
+    for name, row in rows.items():
+        assert row["step_ms"] > 0 and row["cpu_ms"] > 0 and row["graph_ops"] > 0, (name, row)
+        assert row["param_diff"] <= 1e-6, (name, row)  # the same 3 SGD steps as raw Horovod's, fit's loss scale too
+    # fit's one graph holds fewer ops than its three graphs did (the sums are neither read back nor re-added).
+    assert rows["fit_step"]["graph_ops"] < rows["fit_3graphs"]["graph_ops"]
+
+
+def test_step_latency_times_every_contender_and_they_end_alike(tmp_path):
+    out = tmp_path / "latency.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_latency.py"), "--steps", "3", "--warmup",
+                           "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = json.loads(out.read_text())["jobs"]
+    horovod, plain = jobs["horovod, cycle 1 ms"], jobs["plain processes (no Horovod)"]
+    assert horovod["params_equal"] is True  # hooks, grouped, fit's step and DDP: the same parameters after the steps
+    for name in ("local", "hooks", "grouped", "grouped_spin", "fit_step", "ddp"):
+        assert horovod[name]["step"] > 0 and horovod[name]["fwdbwd"] > 0, name
+    assert horovod["grouped"]["rounds_per_step"] == 1.0 and horovod["hooks"]["rounds_per_step"] >= 1.0
+    assert set(plain) == {"local", "ddp"}
