@@ -41,10 +41,11 @@ class TensorFlowBackend:
 
     A step's last backward pass, its all-reduce and its update run as one ``tf.function`` graph (the passes before
     it, with ``accumulate > 1``, one graph each). Each graph call from Python costs about a millisecond of dispatch
-    here: three calls per step made ``fit`` 1.11x a raw Horovod step on the small CNN, one call 1.04x
-    (``benchmarks/tf_apply_overhead.py``). The phase timer still sees compute, sync wait and update apart: the graph
-    reads the clock (``tf.timestamp``) when the gradients are ready and when the reduced ones are in place. Under
-    op determinism (``train.deterministic``), which forbids that clock, the three phases are three graph calls.
+    here: three calls per step made ``fit``'s step 1.06-1.11x a raw Horovod step on the small CNN, one call
+    1.01-1.04x, the adapter API's (``benchmarks/tf_apply_overhead.py``). The phase timer still sees compute, sync
+    wait and update apart: the graph reads the clock (``tf.timestamp``) when the gradients are ready and when the
+    reduced ones are in place. Under op determinism (``train.deterministic``), which forbids that clock, the three
+    phases are three graph calls.
     """
 
     framework = "tensorflow"
@@ -115,7 +116,9 @@ class TensorFlowBackend:
         ones were in the sums."""
         loss, grads = self._gradients(x, y, scale)
         # Timestamps are stateful but touch no resource, so tf.function does not order them: explicit dependencies.
-        with tf.control_dependencies([loss, *tf.nest.flatten(grads, expand_composites=True)]):
+        # (A variable the loss does not touch has no gradient: None, which no dependency can name.)
+        ready = [t for t in tf.nest.flatten(grads, expand_composites=True) if t is not None]
+        with tf.control_dependencies([loss, *ready]):
             computed = tf.timestamp()
         if fresh and self.optimizer.direct:
             # One pass per step: the gradients go straight into the all-reduce and the update, as in a raw Horovod

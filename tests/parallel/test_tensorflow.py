@@ -99,6 +99,13 @@ def test_fit_one_graph_step_puts_a_late_ranks_wait_in_sync_wait(ranks):
     assert c1["phases"]["sync_wait"] < 0.5 * late, c1
 
 
+def test_fit_trains_a_model_with_a_variable_the_loss_never_touches(ranks):
+    for r in ranks:
+        u = r["unused_variable"]
+        assert u["steps"] == 4 and u["spread"] == 0.0, u          # 64 samples, 2 ranks x 8: 4 steps, ranks alike
+        assert u["unused_kept"] == [True, True] and all(u["used_moved"]) and len(u["used_moved"]) == 4, u
+
+
 def test_uneven_data_every_rank_runs_the_same_steps_and_matches_one_process(ranks):
     # 101 samples, 2 ranks x 8, accumulate 3: the last step holds 5 samples (3 + 2; one rank has an empty micro-batch).
     uneven = [r["uneven"] for r in ranks]

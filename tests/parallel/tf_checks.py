@@ -130,6 +130,38 @@ def check_phases(n: int = 160, batch_size: int = 8, warmup: int = 2) -> dict:
     return {"steps": result.optimizer_steps - warmup, "phases": after, "traces": backend.traces()}
 
 
+def check_unused_variable(n: int = 64, batch_size: int = 8) -> dict:
+    """``fit`` with the user's model whose second head the loss never touches: its gradients are None, and the
+    one-graph step must still run (the head takes part in the all-reduce as zeros and stays where it started)."""
+    import keras
+
+    from hvdsync.tensorflow import fit
+
+    class TwoHeads(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head, self.unused = (keras.layers.Dense(HIDDEN, activation="relu"),
+                                                 keras.layers.Dense(CLASSES), keras.layers.Dense(CLASSES))
+
+        def call(self, x):
+            return self.head(self.body(x))
+
+    model = TwoHeads()
+    model(np.zeros((1, FEATURES), np.float32))
+    model.unused.build((None, HIDDEN))
+    # The same values on every rank (fit's broadcast then leaves them), so "unchanged" means "not trained".
+    model.unused.kernel.assign(np.ones((HIDDEN, CLASSES), np.float32))
+    start = _weights(model)
+    cfg = _config(batch_size=batch_size).replace(train={"epochs": 1})
+    r = fit(cfg, data=_dataset(n), model=model,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    end = _weights(model)
+    unused = {id(v) for v in model.unused.trainable_variables}
+    kept = [np.array_equal(a, b) for v, a, b in zip(model.trainable_variables, start, end) if id(v) in unused]
+    moved = [not np.array_equal(a, b) for v, a, b in zip(model.trainable_variables, start, end) if id(v) not in unused]
+    return {"steps": r.optimizer_steps, "spread": r.param_spread, "unused_kept": kept, "used_moved": moved}
+
+
 def check_apply_gradients(n: int = 64, batch_size: int = 8, accumulate: int = 4) -> dict:
     """The user-level API: a hand-written ``tf.function`` step calling ``apply_gradients`` once per micro-batch."""
     import horovod.tensorflow as hvd
@@ -417,6 +449,7 @@ def run_all(digits_epochs: int = 5, tracking_uri: str | None = None) -> dict:
         "uneven": lambda: check_fit(101, 8, 3, 2),
         "even_fp16": lambda: check_fit(96, 8, 1, 2, compression="fp16"),
         "phases": check_phases,
+        "unused_variable": check_unused_variable,
         "apply_gradients": check_apply_gradients,
         "broadcast": check_broadcast,
         "sync_bn": check_sync_batch_norm,
