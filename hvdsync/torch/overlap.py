@@ -88,6 +88,11 @@ def _run(model: nn.Sequential, variant: str, x: torch.Tensor, steps: int, warmup
     end = time.time()
     for h in handles:
         h.remove()
+    # Horovod's timeline writer can lose its last records when the job shuts down right after them (seen: the last
+    # step's spans missing from the file, once in ~10 jobs). One more collective and a moment for the writer keep the
+    # timed steps' records away from that tail.
+    hvd.allreduce(torch.zeros(1), name=f"probe.barrier.{variant}.end")
+    time.sleep(0.1)
     return {"variant": variant, "segment": (start, end), "backward": windows, "step_seconds": steps_s,
             "ready": ready, "bytes": {name: p.numel() * p.element_size() for name, p in named}}
 
