@@ -41,7 +41,7 @@ class TensorFlowBackend:
 
     A step's last backward pass, its all-reduce and its update run as one ``tf.function`` graph (the passes before
     it, with ``accumulate > 1``, one graph each). Each graph call from Python costs about a millisecond of dispatch
-    here: three calls per step made ``fit``'s step 1.06-1.11x a raw Horovod step on the small CNN, one call
+    here: three calls per step made ``fit``'s step 1.06-1.13x a raw Horovod step on the small CNN, one call
     1.01-1.04x, the adapter API's (``benchmarks/tf_apply_overhead.py``). The phase timer still sees compute, sync
     wait and update apart: the graph reads the clock (``tf.timestamp``) when the gradients are ready and when the
     reduced ones are in place. Under op determinism (``train.deterministic``), which forbids that clock, the three
