@@ -38,8 +38,8 @@ DEFAULTS = {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
 # HOROVOD_CACHE_CAPACITY=(None,), which Horovod's strtof/strtol read as 0: no cycle sleep, no response cache.
 UNPATCHED_RUNNER = {"HOROVOD_CYCLE_TIME": "0", "HOROVOD_CACHE_CAPACITY": "0"}
 RUNNER_LABEL = "cycle 0, cache 0 (unpatched runner.run)"
-# Upstream's background loop, which negotiates an empty cycle every cycle time while nothing is outstanding.
-UPSTREAM_LOOP = harness.UPSTREAM_LOOP
+# Upstream's background loop (harness.UPSTREAM_LOOP), which negotiates an empty cycle every cycle time while nothing
+# is outstanding.
 UPSTREAM_LOOP_LABEL = "cycle 1 ms, upstream idle loop (no 0007)"
 
 
@@ -57,7 +57,7 @@ def single() -> list[harness.Variant]:
         _v("outofplace", "defaults, hvd.allreduce (out of place)", call="allreduce"),
         *cyc,
         _v("nocache", "cycle 1 ms, cache 0", {"HOROVOD_CACHE_CAPACITY": "0"}, call="allreduce_"),
-        _v("busyloop", UPSTREAM_LOOP_LABEL, UPSTREAM_LOOP, call="allreduce_"),
+        _v("busyloop", UPSTREAM_LOOP_LABEL, harness.UPSTREAM_LOOP, call="allreduce_"),
         _v("sleepwait", "defaults, poll + sleep 50 us wait", call="allreduce_", wait="sleep"),
         _v("affinity", "defaults, HOROVOD_THREAD_AFFINITY=0,1", {"HOROVOD_THREAD_AFFINITY": "0,1"},
            call="allreduce_"),
@@ -92,7 +92,7 @@ def step(pieces: int, compute: int) -> list[harness.Variant]:
         _v("s_runner", RUNNER_LABEL, UNPATCHED_RUNNER, **kw),
         *cyc,
         _v("s_sleepwait", "cycle 1 ms, poll + sleep 50 us wait", wait="sleep", **kw),
-        _v("s_busyloop", UPSTREAM_LOOP_LABEL, UPSTREAM_LOOP, **kw),
+        _v("s_busyloop", UPSTREAM_LOOP_LABEL, harness.UPSTREAM_LOOP, **kw),
         harness.Variant("torch", "torch.distributed (one all_reduce)", backend="torch", compute=compute),
     ]
 

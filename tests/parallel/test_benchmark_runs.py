@@ -143,12 +143,17 @@ def test_training_tensorflow_contenders_match_one_process(tmp_path):
 
 
 # ---- benchmarks/idle_loop.py: the compute of idle workers, plain / Horovod with 0007 / upstream's loop ------------
-def test_idle_loop_times_every_contender_in_every_round(tmp_path):
-    out = tmp_path / "idle.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "idle_loop.py"), "--rounds", "2", "--seconds",
-                           "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def _script_json(tmp_path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``benchmarks/<script>`` with ``args`` and ``--json``; it must succeed; returns its output and JSON."""
+    out = tmp_path / f"{script}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def test_idle_loop_times_every_contender_in_every_round(tmp_path):
+    proc, doc = _script_json(tmp_path, "idle_loop.py", "--rounds", "2", "--seconds", "1")
     assert len(doc["rounds"]) == 2
     for r in doc["rounds"]:
         assert set(r) == {"plain", "horovod", "upstream"}
@@ -162,11 +167,7 @@ def test_idle_loop_times_every_contender_in_every_round(tmp_path):
 
 # ---- benchmarks/tf_apply_overhead.py and step_latency.py: contenders interleaved step by step in the same workers --
 def test_tf_apply_overhead_runs_every_contender_to_raw_horovods_parameters(tmp_path):
-    out = tmp_path / "tf_apply.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tf_apply_overhead.py"), "--steps", "2",
-                           "--warmup", "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = _script_json(tmp_path, "tf_apply_overhead.py", "--steps", "2", "--warmup", "1")[1]["rows"]
     assert set(rows) == {"raw", "api", "api_sums", "api_before", "fit_step", "fit_3graphs"}
     assert rows["raw"]["step_over_raw"] == 1.0
     for name, row in rows.items():
@@ -177,11 +178,7 @@ def test_tf_apply_overhead_runs_every_contender_to_raw_horovods_parameters(tmp_p
 
 
 def test_step_latency_times_every_contender_and_they_end_alike(tmp_path):
-    out = tmp_path / "latency.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_latency.py"), "--steps", "3", "--warmup",
-                           "1", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    jobs = json.loads(out.read_text())["jobs"]
+    jobs = _script_json(tmp_path, "step_latency.py", "--steps", "3", "--warmup", "1")[1]["jobs"]
     horovod, plain = jobs["horovod, cycle 1 ms"], jobs["plain processes (no Horovod)"]
     assert horovod["params_equal"] is True  # hooks, grouped, fit's step and DDP: the same parameters after the steps
     for name in ("local", "hooks", "grouped", "grouped_spin", "fit_step", "ddp"):
