@@ -26,6 +26,7 @@ from hvdsync.core.progress import Progress
 from hvdsync.core.runtime import applied_params
 from hvdsync.core.scaling import loss_scale
 from hvdsync.core.sharding import PlanState, ShardPlan, Step
+from hvdsync.core.shares import share_slice
 from hvdsync.core.tracking import Tracker, make_tracker
 
 # What an evaluation returns: per metric, this rank's (sum, count); the loop sums both over ranks and divides, so the
@@ -205,13 +206,23 @@ class BeforeStep(Callback):
 EVAL_BATCH = 512
 
 
-def array_evaluator(backend: Any, data: Dataset, batch: int = EVAL_BATCH) -> Callable[[], Evaluation]:
-    """Accuracy on ``data``'s test arrays: each rank scores its slice ``rank::size`` (``backend.count_correct``,
-    ``batch`` samples at a time)."""
+def array_evaluator(backend: Any, data: Dataset, batch: int = EVAL_BATCH,
+                    shares: Callable[[], Sequence[float] | None] = lambda: None) -> Callable[[], Evaluation]:
+    """Accuracy on ``data``'s test arrays: each rank scores its contiguous part, cut by ``shares()`` (the shares of
+    the training steps in force, ``None`` for equal; :func:`~hvdsync.core.shares.share_slice`), ``batch`` samples
+    at a time (``backend.count_correct``).
+
+    With unequal shares a slow rank scores fewer samples too: the evaluation is part of every epoch, and split
+    equally it would make every rank wait for the slow one there as well. Under a test slowdown
+    (``data.test_slowdown``) the slowed rank scores that much slower, as it computes.
+    """
 
     def evaluate() -> Evaluation:
-        x, y = data.x_test[backend.rank::backend.size], data.y_test[backend.rank::backend.size]
+        part = share_slice(len(data.x_test), backend.rank, backend.size, shares())
+        x, y = data.x_test[part], data.y_test[part]
+        start = time.perf_counter()
         correct = sum(backend.count_correct(x[i:i + batch], y[i:i + batch]) for i in range(0, len(x), batch))
+        backend.timer.slow_after(time.perf_counter() - start)
         return {"test_accuracy": (correct, len(x))}
 
     return evaluate
@@ -236,7 +247,7 @@ def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evalu
         "samples_per_second": g[:, 1].sum() / max(1e-9, g[:, 3].max()),
         "step_seconds_max_rank": g[:, 2].max(),
         "step_seconds_min_rank": g[:, 2].min(),
-        # Part of the epoch that no share of a step shortens (the evaluation splits the test set equally).
+        # The evaluation's part of the epoch (its test set is cut by the same shares as the steps).
         "eval_seconds": g[:, 4].max(),
     }
     for i, name in enumerate(names):
@@ -305,7 +316,8 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
     if isinstance(steps, Dataset):
         data = steps
         steps = PlanLoader(data.x_train, data.y_train, plan_for(cfg, len(data.x_train), size), rank)
-        evaluate = evaluate if evaluate is not None else array_evaluator(backend, data)
+        # The test set is cut by the shares in force (the plan's, which adaptive shares replace each epoch).
+        evaluate = evaluate if evaluate is not None else array_evaluator(backend, data, shares=lambda: ctx.plan.shares)
     plan = steps.plan
     if plan.world_size != size:
         raise ValueError(f"steps: a plan for {plan.world_size} ranks is not allowed in a world of {size}; "

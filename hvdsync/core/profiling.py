@@ -64,7 +64,7 @@ class PhaseTimer:
                 took = time.perf_counter() - work_start
                 self._learn(took, samples)
                 if not extra:  # nothing measured yet (the first phase): busy after it, in proportion to its time
-                    _busy_until(time.perf_counter() + (self.slowdown - 1.0) * took)
+                    self.slow_after(took)
         finally:
             self.add(name, time.perf_counter() - start)
 
@@ -86,6 +86,16 @@ class PhaseTimer:
         # after its compute phase, so the two frameworks' slowdowns differed).
         start = time.perf_counter()
         _busy_until(start + (self.slowdown - 1.0) * float(np.median(self._per_sample)) * samples)
+        return time.perf_counter() - start
+
+    def slow_after(self, seconds: float) -> float:
+        """Under :meth:`slow_down`, stay busy for ``factor - 1`` times ``seconds`` of work just done (work that is
+        not a timed phase, such as the evaluation: a slower processor scores slower too); returns the seconds it
+        took (0 when not slowed)."""
+        if self.slowdown <= 1.0 or seconds <= 0:
+            return 0.0
+        start = time.perf_counter()
+        _busy_until(start + (self.slowdown - 1.0) * seconds)
         return time.perf_counter() - start
 
     def _learn(self, took: float, samples: int | None) -> None:

@@ -86,6 +86,20 @@ def split_counts(total: int, shares: Sequence[float]) -> np.ndarray:
     return counts
 
 
+def share_slice(total: int, rank: int, world_size: int, shares: Sequence[float] | None = None) -> slice:
+    """Rank ``rank``'s contiguous part of ``total`` items cut by ``shares`` (:func:`split_counts`; equal when None):
+    how a rank's part of the test set follows the shares of its training steps.
+
+    Example:
+        >>> share_slice(10, 1, 2, (2 / 3, 1 / 3))
+        slice(7, 10, None)
+    """
+    weights = np.ones(world_size) if shares is None else np.asarray(shares, dtype=np.float64)
+    counts = split_counts(total, weights / weights.sum())  # split_counts needs shares that sum to one
+    start = int(counts[:rank].sum())
+    return slice(start, start + int(counts[rank]))
+
+
 def balanced_shares(samples: Sequence[float], seconds: Sequence[float],
                     previous: Sequence[float] | None = None) -> tuple[float, ...]:
     """Shares proportional to each rank's throughput, ``samples[r] / seconds[r]`` of work.

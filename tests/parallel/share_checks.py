@@ -19,27 +19,34 @@ def _config(**data):
                              "tracking": {"enabled": False}, "monitor": {"every": 0}})
 
 
-def _summary(result, per_epoch_reads, allgather, lrs):
-    """What both frameworks return: reads per epoch summed over ranks (counted), the shares, the growth run."""
-    reads = allgather(np.asarray(per_epoch_reads, dtype=np.float64).reshape(1, -1)).reshape(2, EPOCHS, -1)
+def _summary(result, counter, allgather, lrs):
+    """What both frameworks return: reads per epoch summed over ranks (counted), the shares, the growth run, and
+    the test samples each rank scored per epoch (counted where they are read)."""
+    reads = allgather(np.asarray(counter.epochs, dtype=np.float64).reshape(1, -1)).reshape(2, EPOCHS, -1)
+    scored = allgather(np.asarray(counter.test_epochs, dtype=np.float64).reshape(1, -1)).reshape(2, EPOCHS, -1)
     return {"reads_per_epoch": reads.sum(0).astype(int).tolist(), "param_spread": result.param_spread,
+            "test_reads_per_epoch": scored.sum(0).astype(int).tolist(),
+            "test_rank_samples": scored.sum(2).T.astype(int).tolist(),
             "rank_samples": [h["rank_samples"] for h in result.history],
             "shares": [h["shares"] for h in result.history], "steps": result.optimizer_steps,
             "plan_steps": result.history and None, "lrs": lrs}
 
 
-def _read_counter(reads):
+def _read_counter(reads, test_reads):
     from hvdsync.core.loop import Callback
 
     class PerEpoch(Callback):
-        """Keeps each epoch's read counts and starts the next epoch from zero."""
+        """Keeps each epoch's read counts (training samples; test samples scored, after the epoch's evaluation)
+        and starts the next epoch from zero."""
 
         def __init__(self):
-            self.epochs = []
+            self.epochs, self.test_epochs = [], []
 
         def on_epoch_end(self, ctx):
             self.epochs.append(reads.copy())
+            self.test_epochs.append(test_reads.copy())
             reads[:] = 0
+            test_reads[:] = 0
 
     return PerEpoch()
 
@@ -84,14 +91,28 @@ def torch_checks():
             reads[i] += 1
             return torch.from_numpy(data.x_train[i]), int(data.y_train[i])
 
+    test_reads = np.zeros(len(data.x_test), dtype=np.int64)
+
+    class CountedTest(torch.utils.data.Dataset):
+        """The user's test set; counts every sample the evaluation scores."""
+
+        def __len__(self):
+            return len(data.x_test)
+
+        def __getitem__(self, i):
+            test_reads[i] += 1
+            return torch.from_numpy(data.x_test[i]), int(data.y_test[i])
+
     cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
     ht.init(cfg)
     loader = DataLoader(Counted(), batch_sampler=ht.PlanSampler.from_config(cfg, n))
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    counter = _read_counter(reads)
-    result = ht.fit(cfg, model=model, loss=torch.nn.CrossEntropyLoss(), train=loader, callbacks=[counter])
+    counter = _read_counter(reads, test_reads)
+    result = ht.fit(cfg, model=model, loss=torch.nn.CrossEntropyLoss(), train=loader, test=CountedTest(),
+                    callbacks=[counter])
     gather = lambda a: hvd.allgather(torch.as_tensor(a)).numpy()  # noqa: E731
-    out = _summary(result, counter.epochs, gather, [])
+    out = _summary(result, counter, gather, [])
+    out["test_size"] = len(data.x_test)
 
     # Your own loop: rebalance() from your measured work seconds (here rank 1 says it worked twice as long).
     sampler = ht.PlanSampler(n, batch_size=BATCH, accumulate=2)
@@ -120,8 +141,21 @@ def tf_checks():
     reads = np.zeros(n, dtype=np.int64)
     from hvdsync.core.loop import Callback
 
+    test_reads = np.zeros(len(data.x_test), dtype=np.int64)
+    test_rows = {row.tobytes(): i for i, row in enumerate(data.x_test)}
+
     class CountSteps(Callback):
-        """Counts the samples of every step the loop hands to the model on this rank."""
+        """Counts the samples of every step the loop hands to the model on this rank, and the test samples the
+        built-in evaluation scores (by their rows: it hands ``count_correct`` arrays, not indices)."""
+
+        def on_train_begin(self, ctx):
+            score = ctx.backend.count_correct
+
+            def counted(x, y):
+                np.add.at(test_reads, [test_rows[row.tobytes()] for row in x], 1)
+                return score(x, y)
+
+            ctx.backend.count_correct = counted
 
         def on_step_end(self, ctx):
             np.add.at(reads, ctx.last_step.indices, 1)
@@ -132,12 +166,13 @@ def tf_checks():
     cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
     hs.init(cfg)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
-    counter = _read_counter(reads)
+    counter = _read_counter(reads, test_reads)
     steps = CountSteps()
     result = hs.fit(cfg, data, model=model, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     optimizer=keras.optimizers.SGD(0.05), callbacks=[steps, counter])
     gather = lambda a: hvd.allgather(tf.constant(a)).numpy()  # noqa: E731
-    out = _summary(result, counter.epochs, gather, [])
+    out = _summary(result, counter, gather, [])
+    out["test_size"] = len(data.x_test)
     out["traces"] = steps.traces
 
     # The tf.data helper in your own pipeline: rebalance() from your measured work seconds.

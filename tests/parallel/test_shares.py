@@ -46,6 +46,16 @@ def test_the_slow_rank_gets_fewer_samples_after_the_first_epoch(checks):
     assert checks[1]["shares"] == r["shares"]
 
 
+def test_the_evaluation_scores_every_test_sample_once_cut_by_the_shares_in_force(checks):
+    from hvdsync.core.shares import split_counts
+
+    r = checks[0]
+    assert all(set(epoch) == {1} for epoch in r["test_reads_per_epoch"])   # counted where the samples are read
+    for scored, shares in zip(r["test_rank_samples"], r["shares"]):
+        assert scored == split_counts(r["test_size"], shares).tolist()    # the training steps' shares, per epoch
+    assert r["test_rank_samples"][-1][1] < 0.45 * r["test_size"]          # the slow rank scores fewer
+
+
 def test_tensorflow_traces_each_step_graph_once_while_the_shares_change_the_batch(checks):
     if "traces" not in checks[0]:
         pytest.skip("tf.function: TensorFlow only")

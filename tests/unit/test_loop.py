@@ -7,9 +7,10 @@ from hvdsync.config import Config
 from hvdsync.core.codecs import WireCounter
 from hvdsync.core.data import digits
 from hvdsync.core.loader import PlanCursor, PlanLoader
-from hvdsync.core.loop import Callback, fit_loop, plan_for
+from hvdsync.core.loop import Callback, array_evaluator, fit_loop, plan_for
 from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.sharding import PlanState, ShardPlan
+from hvdsync.core.shares import split_counts
 
 
 class NumpyBackend:
@@ -192,3 +193,22 @@ class _StopAt(Callback):
 
     def on_step_end(self, ctx):
         ctx.stop_training = ctx.global_step == self.steps
+
+
+def test_the_evaluation_is_cut_by_the_shares_in_force_and_adds_up_to_the_whole_test_set(data):
+    # Two rank views of one trained model: each scores its part; together they score every test sample once.
+    trained = NumpyBackend(64, 10)
+    fit_loop(_cfg(epochs=1), trained, data)
+    whole = trained.count_correct(data.x_test, data.y_test)
+    shares = {"now": None}
+    ranks = []
+    for rank in (0, 1):
+        view = NumpyBackend(64, 10)
+        view.w, view.rank, view.size = trained.w, rank, 2
+        ranks.append(array_evaluator(view, data, batch=64, shares=lambda: shares["now"]))
+    n = len(data.x_test)
+    for now, counts in ((None, [(n + 1) // 2, n // 2]), ((0.75, 0.25), split_counts(n, (0.75, 0.25)).tolist())):
+        shares["now"] = now                               # read at every call: adaptive shares change per epoch
+        scored = [evaluate()["test_accuracy"] for evaluate in ranks]
+        assert [count for _, count in scored] == counts
+        assert sum(correct for correct, _ in scored) == whole

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.scaling import grown_lr, loss_scale
-from hvdsync.core.shares import balanced_shares, local_weights, split_counts
+from hvdsync.core.shares import balanced_shares, local_weights, share_slice, split_counts
 from hvdsync.core.sharding import ShardPlan
 
 
@@ -130,3 +130,25 @@ def test_the_test_slowdown_is_busy_before_the_work_in_proportion_to_its_samples(
         entered = time.perf_counter()             # the busy wait came first: before any gradient could leave
         time.sleep(0.01)
     assert entered - before >= 2 * 1e-4 * 200     # (slowdown - 1) x seconds per sample x samples
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(0, 2000), shares=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6)
+       .filter(lambda s: sum(s) > 1e-3))
+def test_share_slices_cut_a_test_set_into_contiguous_parts_read_once(total, shares):
+    world = len(shares)
+    parts = [share_slice(total, r, world, shares) for r in range(world)]
+    assert [p.stop - p.start for p in parts] == split_counts(total, np.asarray(shares) / sum(shares)).tolist()
+    assert np.array_equal(np.concatenate([np.arange(total)[p] for p in parts]), np.arange(total))  # in order, once
+    equal = [share_slice(total, r, world) for r in range(world)]                  # None: the equal cut
+    assert [p.stop - p.start for p in equal] == [len(a) for a in np.array_split(np.arange(total), world)]
+
+
+def test_the_test_slowdown_slows_work_outside_the_phases_by_its_factor():
+    from hvdsync.core.profiling import PhaseTimer
+
+    timer = PhaseTimer()
+    assert timer.slow_after(0.02) == 0.0                 # not slowed: returns at once
+    timer.slow_down(3.0)
+    assert timer.slow_after(0.02) >= 2 * 0.02             # busy (factor - 1) x the work's seconds, at least
+    assert timer.slow_after(0.0) == 0.0
