@@ -9,12 +9,14 @@ Per framework and round, one job of 2 Horovod workers (:func:`hvdsync.launch.tra
 from the same start, with rank 1 computing 2x slower (the test-only ``data.test_slow_rank`` /
 ``data.test_slowdown``: busy in proportion to its samples before each forward pass, the same in both frameworks),
 once with ``data.shares: equal`` and once with ``adaptive``, plus a run without the slow rank for reference. The
-rounds alternate the frameworks (torch, tensorflow, torch, ...), so both see the same machine. It prints, per run,
+rounds alternate the frameworks (torch, tensorflow, torch, ...), so both see the same machine, and the order of the
+equal and adaptive runs (equal first in even rounds, adaptive first in odd ones), so that a drift of the machine
+during a job favours neither. It prints, per run,
 the mean epoch time over epochs 1.. (epoch 0 runs with equal shares in both: nothing is measured before it), the
 samples each rank read per epoch, the shares, and whether the ranks ended with identical parameters; then the
 ratio of the adaptive to the equal epoch time (target: <= 0.75) and its *bound*: what perfectly balanced shares
 would give, from the equal run's own figures (each rank's measured throughput gives the balanced compute time; the
-rest of the epoch, all-reduce, update and evaluation, does not shrink with a share).
+evaluation, whose test set the shares cut too, shrinks in proportion; the all-reduce and the update do not).
 
 Then a growing batch (``data.batch_growth``: x2 at epoch 2, x4 at epoch 4, learning rate by ``sqrt``) against a
 constant batch, in each framework's last job: all-reduce rounds per epoch (counted: gradient tensors handed to
@@ -36,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SAMPLES = 65536
 
 
-def config(framework: str, epochs: int, hidden: int = 1024, **data):
+def config(framework: str, epochs: int, hidden: int = 1024, samples: int = SAMPLES, **data):
     from hvdsync.config import Config
 
     return Config.from_dict({
-        "data": {"dataset": "synthetic", "synthetic_samples": SAMPLES, "batch_size": 2048, **data},
+        "data": {"dataset": "synthetic", "synthetic_samples": samples, "batch_size": min(2048, samples // 16), **data},
         "train": {"framework": framework, "epochs": epochs, "hidden": hidden, "lr": 0.05},
         "tracking": {"enabled": False}, "monitor": {"every": 0}})
 
@@ -49,31 +51,40 @@ def later_epoch_seconds(result: dict) -> float:
     return statistics.mean(h["epoch_seconds"] for h in result["history"][1:])
 
 
-def balanced_bound(equal: dict) -> float:
-    """What perfect shares would make of the equal-share run ``equal``: per epoch 1.., the work at the ranks'
-    measured throughputs split to finish together, plus the part of the epoch that is not work (all-reduce, update,
-    evaluation), over the measured epoch time; the mean over epochs."""
+def balanced_bound(run: dict) -> float:
+    """What perfect shares would make of ``run`` (equal shares; or adaptive ones, to see what their shares left to
+    win): per epoch 1.., the work at the ranks' measured throughputs split to finish together, the evaluation shrunk
+    in the same proportion (its test set is cut by the same shares, and the slowed rank scores as slowly as it
+    computes), plus the part of the epoch that is neither (all-reduce, update), over the measured epoch time; the
+    mean over epochs."""
     ratios = []
-    for h in equal["history"][1:]:
-        samples, rates = h["rank_samples"], h["rank_throughput"]
+    for h in run["history"][1:]:
+        # Each rank's throughput in this epoch: its samples over its data + compute seconds (the phase timers).
+        samples = h["rank_samples"]
+        rates = [n / (p["data"] + p["compute"]) for n, p in zip(samples, h["rank_phase_seconds"])]
         work = max(n / r for n, r in zip(samples, rates))
-        rest = max(0.0, h["epoch_seconds"] - work)
-        ratios.append((sum(samples) / sum(rates) + rest) / h["epoch_seconds"])
+        balanced = sum(samples) / sum(rates)
+        rest = max(0.0, h["epoch_seconds"] - work - h["eval_seconds"])
+        ratios.append((balanced + h["eval_seconds"] * balanced / work + rest) / h["epoch_seconds"])
     return statistics.mean(ratios)
 
 
-def framework_job(framework: str, epochs: int, growth: dict | None, hidden: int = 1024) -> dict:
-    """One job of workers: a reference without the slow rank, equal and adaptive shares with rank 1 2x slower, and
-    (``growth``) a constant against a growing batch."""
+def framework_job(framework: str, epochs: int, growth: dict | None, hidden: int = 1024,
+                  adaptive_first: bool = False, samples: int = SAMPLES) -> dict:
+    """One job of workers: a reference without the slow rank, equal and adaptive shares with rank 1 2x slower
+    (``adaptive_first``: in that order reversed), and (``growth``) a constant against a growing batch."""
     from hvdsync.launch import train_many
 
     slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
-    cfgs = [config(framework, epochs, hidden), config(framework, epochs, hidden, shares="equal", **slow),
-            config(framework, epochs, hidden, shares="adaptive", **slow)]
+    runs = {"equal": config(framework, epochs, hidden, samples, shares="equal", **slow),
+            "adaptive": config(framework, epochs, hidden, samples, shares="adaptive", **slow)}
+    order = ["adaptive", "equal"] if adaptive_first else ["equal", "adaptive"]
+    cfgs = [config(framework, epochs, hidden, samples)] + [runs[k] for k in order]
     if growth:
-        cfgs += [config(framework, 6, hidden), config(framework, 6, hidden, batch_growth=growth)]
+        cfgs += [config(framework, 6, hidden, samples), config(framework, 6, hidden, samples, batch_growth=growth)]
     results = train_many(cfgs)
-    return {"reference": results[0], "equal": results[1], "adaptive": results[2], "growth": results[3:]}
+    return {"reference": results[0], **dict(zip(order, results[1:3])), "growth": results[3:],
+            "adaptive_first": adaptive_first}
 
 
 def phase_means(r: dict) -> list[dict] | None:
@@ -90,11 +101,21 @@ def phase_means(r: dict) -> list[dict] | None:
     return means
 
 
+def per_sample_us(r: dict) -> list[float] | None:
+    """Per rank, the mean over epochs 1.. of its data + compute seconds per sample read, in microseconds (the
+    slowdown included): what a rank's work costs while the other rank computes (adaptive) or mostly waits (equal)."""
+    later = [h for h in r["history"][1:] if "rank_phase_seconds" in h]
+    if not later:
+        return None
+    return [1e6 * statistics.mean((h["rank_phase_seconds"][i]["data"] + h["rank_phase_seconds"][i]["compute"])
+                                  / h["rank_samples"][i] for h in later) for i in range(len(later[0]["rank_samples"]))]
+
+
 def run_row(name: str, r: dict) -> dict:
     last = r["history"][-1]
     return {"run": name, "epoch_seconds": later_epoch_seconds(r), "rank_samples": last.get("rank_samples", ["-", "-"]),
             "shares": last.get("shares"), "share_history": [h.get("shares") for h in r["history"]],
-            "param_spread": r["param_spread"], "phases": phase_means(r),
+            "param_spread": r["param_spread"], "phases": phase_means(r), "us_per_sample": per_sample_us(r),
             "eval_seconds": statistics.mean(h["eval_seconds"] for h in r["history"][1:])}
 
 
@@ -105,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=1024,
                         help="the MLP's hidden width: more compute per sample, so less of the epoch is fixed cost")
+    parser.add_argument("--samples", type=int, default=SAMPLES,
+                        help="synthetic samples (a quarter is the test set; batch: a 16th of them, at most 2048)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
 
@@ -113,12 +136,15 @@ def main(argv: list[str] | None = None) -> dict:
     jobs: dict[str, list[dict]] = {f: [] for f in frameworks}
     for i in range(args.rounds):
         for framework in frameworks:  # alternating: both frameworks see the same state of the machine
+            # Odd rounds run adaptive before equal shares: a machine that drifts during a job (it does here, by 10%
+            # and more within minutes) then favours neither.
             jobs[framework].append(framework_job(framework, args.epochs, growth if i == args.rounds - 1 else None,
-                                                 args.hidden))
+                                                 args.hidden, adaptive_first=i % 2 == 1, samples=args.samples))
 
     out: dict = {"frameworks": {}}
     for framework, rounds in jobs.items():
-        print(f"\n{framework}, 2 workers, MLP 64-{args.hidden}-10 on {SAMPLES} synthetic samples, batch 2048 per rank, "
+        print(f"\n{framework}, 2 workers, MLP 64-{args.hidden}-10 on {args.samples} synthetic samples, batch "
+              f"{min(2048, args.samples // 16)} per rank, "
               f"{args.epochs} epochs")
         print(f"{'run':<28} {'epoch s (1..)':>13} {'samples/rank (last epoch)':>26} {'shares (per epoch)':>26} "
               f"{'equal params':>12}")
@@ -138,17 +164,26 @@ def main(argv: list[str] | None = None) -> dict:
                 p = row["phases"]
                 print(f"  {row['run']:<28} compute {p[0]['data'] + p[0]['compute']:.3f} / "
                       f"{p[1]['data'] + p[1]['compute']:.3f}  wait {p[0]['sync_wait']:.3f} / {p[1]['sync_wait']:.3f}  "
-                      f"update {p[0]['update']:.3f} / {p[1]['update']:.3f}  evaluate {row['eval_seconds']:.3f}")
+                      f"update {p[0]['update']:.3f} / {p[1]['update']:.3f}  evaluate {row['eval_seconds']:.3f}  "
+                      f"us/sample {row['us_per_sample'][0]:.1f} / {row['us_per_sample'][1]:.1f}")
             else:
                 print(f"  {row['run']:<28} evaluate {row['eval_seconds']:.3f}")
         ratios = [later_epoch_seconds(j["adaptive"]) / later_epoch_seconds(j["equal"]) for j in rounds]
         bounds = [balanced_bound(j["equal"]) for j in rounds]
+        # The same bound from the adaptive run's own figures: 1.0 when its shares were perfect for the speeds the
+        # ranks had in that run (both computing at once), lower by what imperfect shares cost.
+        own = [balanced_bound(j["adaptive"]) for j in rounds]
         result = {"runs": rows, "ratios": ratios, "ratio_adaptive_to_equal": statistics.mean(ratios),
-                  "bounds": bounds, "bound": statistics.mean(bounds)}
-        print(f"epoch time, adaptive / equal shares (same job): {', '.join(f'{r:.2f}' for r in ratios)}; mean "
+                  "bounds": bounds, "bound": statistics.mean(bounds), "adaptive_own_bounds": own}
+        firsts = ["adaptive first" if j["adaptive_first"] else "equal first" for j in rounds]
+        result["order"] = firsts
+        print(f"epoch time, adaptive / equal shares (same job): "
+              f"{', '.join(f'{r:.2f} ({o})' for r, o in zip(ratios, firsts))}; mean "
               f"{result['ratio_adaptive_to_equal']:.2f} ({abs(1 - result['ratio_adaptive_to_equal']):.0%} "
               f"{'lower' if result['ratio_adaptive_to_equal'] <= 1 else 'higher'}); "
               f"bound with perfect shares: {', '.join(f'{b:.2f}' for b in bounds)}")
+        print(f"adaptive runs against perfect shares at their own ranks' speeds: {', '.join(f'{b:.2f}' for b in own)} "
+              "(1.00: the shares left nothing to win)")
         constant, grown = rounds[-1]["growth"]
         result["growth"] = {"schedule": growth, "constant_rounds": [h["sync_rounds"] for h in constant["history"]],
                             "growth_rounds": [h["sync_rounds"] for h in grown["history"]],

@@ -185,3 +185,24 @@ def test_step_latency_times_every_contender_and_they_end_alike(tmp_path):
         assert horovod[name]["step"] > 0 and horovod[name]["fwdbwd"] > 0, name
     assert horovod["grouped"]["rounds_per_step"] == 1.0 and horovod["hooks"]["rounds_per_step"] >= 1.0
     assert set(plain) == {"local", "ddp"}
+
+
+# ---- benchmarks/shares.py: equal against adaptive shares, with the order of the two runs alternating ---------------
+def test_shares_benchmark_runs_both_orders_and_reports_what_it_measured(tmp_path):
+    proc, doc = _script_json(tmp_path, "shares.py", "--framework", "tensorflow", "--rounds", "2", "--epochs", "3",
+                             "--hidden", "256", "--samples", "4096")
+    tf = doc["frameworks"]["tensorflow"]
+    assert tf["order"] == ["equal first", "adaptive first"]           # the second round runs adaptive first
+    assert len(tf["ratios"]) == len(tf["bounds"]) == len(tf["adaptive_own_bounds"]) == 2
+    assert all(0 < x < 2 for x in tf["ratios"] + tf["bounds"] + tf["adaptive_own_bounds"]), tf
+    for row in tf["runs"]:
+        assert row["param_spread"] == 0.0, row["run"]                  # ranks end identical in every run
+        if "equal" in row["run"]:
+            assert all(s == [0.5, 0.5] for s in row["share_history"]), row
+        if "adaptive" in row["run"]:
+            assert row["share_history"][0] == [0.5, 0.5] and row["shares"][1] < 0.5, row   # rank 1 is 2x slower
+        if "slower" in row["run"]:
+            assert len(row["us_per_sample"]) == 2 and row["us_per_sample"][1] > row["us_per_sample"][0], row
+    growth = tf["growth"]
+    assert growth["growth_rounds"][-1] < growth["constant_rounds"][-1]  # counted all-reduces fall as the batch grows
+    assert proc.stdout.count("adaptive first") == 1 and proc.stdout.count("equal first") == 1
