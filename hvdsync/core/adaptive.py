@@ -24,6 +24,25 @@ _WORK = [PHASES.index(p) for p in ("data", "compute")]
 # (0.68 -> 0.45 -> 0.55 measured with rank 1 2x slower). A rank that really changes speed moves the median within
 # two epochs.
 RATE_EPOCHS = 3
+# Only epochs that ran with shares within this distance (largest difference of one rank's share) of the last epoch's
+# are pooled. Where ranks share a host, a rank's speed depends on the shares: with equal shares a fast rank waits
+# half of each step and the slow one computes alone, with adaptive ones both compute at once (TensorFlow's cost per
+# sample rose by 6-10% on average, benchmarks/README.md). Rates measured under other shares then pull the estimate
+# back towards where it started (measured: 0.75 after the equal first epoch, 0.70 pooled, 0.64 at the end).
+SHARE_TOLERANCE = 0.05
+
+
+def window_rate(window, tolerance: float = SHARE_TOLERANCE) -> float:
+    """The median of the per-step rates of the epochs in ``window`` (``(shares, rates)`` pairs, oldest first) that
+    ran with shares within ``tolerance`` of the last epoch's; 0.0 when there is no rate.
+
+    Example:
+        >>> window_rate([((0.5, 0.5), [10.0, 10.0]), ((0.7, 0.3), [8.0, 7.0]), ((0.72, 0.28), [7.0])])
+        7.0
+    """
+    last = np.asarray(window[-1][0], dtype=np.float64)
+    pooled = [r for shares, rates in window if np.max(np.abs(np.asarray(shares) - last)) <= tolerance for r in rates]
+    return float(np.median(pooled)) if pooled else 0.0
 
 
 class AdaptiveShares(Callback):
@@ -37,7 +56,8 @@ class AdaptiveShares(Callback):
     its batches when its iterator is made, once per epoch.
     The throughput is the *median* of samples per work second over the steps of the last :data:`RATE_EPOCHS`
     epochs: a step stretched by something else on the machine (a descheduled process, a collector) must not move a
-    whole epoch's shares, nor one disturbed epoch the next.
+    whole epoch's shares, nor one disturbed epoch the next. Epochs whose shares differ from the last epoch's by more
+    than :data:`SHARE_TOLERANCE` are left out: the ranks' speeds were measured in another balance of work.
 
     It also records, per epoch, each rank's samples, throughput and share (``result.history``; MLflow
     ``rank/<r>/samples``, ``rank/<r>/share``), with ``adapt=False`` too (equal shares, measured for comparison).
@@ -51,7 +71,7 @@ class AdaptiveShares(Callback):
 
     def on_train_begin(self, ctx) -> None:
         self.steps = ctx.steps
-        self._window: deque[list[float]] = deque(maxlen=RATE_EPOCHS)
+        self._window: deque[tuple[tuple[float, ...], list[float]]] = deque(maxlen=RATE_EPOCHS)  # (shares, rates) per epoch
         if self.adapt and not hasattr(self.steps, "set_shares"):
             raise ValueError(f"data.shares: 'adaptive' is not allowed with a step source of type "
                              f"{type(self.steps).__name__}; it needs set_shares(shares) (hvdsync's loaders and "
@@ -71,13 +91,12 @@ class AdaptiveShares(Callback):
 
     def on_epoch_end(self, ctx) -> None:
         # One second of work at the median rate: balanced_shares divides samples by seconds.
-        self._window.append(self._rates)
-        pooled = [r for rates in self._window for r in rates]
-        rate = float(np.median(pooled)) if pooled else 0.0
+        used = ctx.plan.shares or (1.0 / ctx.size,) * ctx.size
+        self._window.append((used, self._rates))
+        rate = window_rate(self._window)
         phases = np.asarray(ctx.backend.timer.snapshot()) - self._epoch_start
         gathered = ctx.backend.allgather(np.array([self._samples, rate, 1.0 if rate else 0.0, *phases],
                                                   dtype=np.float64))
-        used = ctx.plan.shares or (1.0 / ctx.size,) * ctx.size
         # Each rank's seconds per phase in this epoch: where a share moved time (compute) and where it cannot
         # (the all-reduce, the update); benchmarks/shares.py prints them.
         record = {"rank_samples": gathered[:, 0].astype(int).tolist(), "rank_throughput": gathered[:, 1].tolist(),

@@ -152,3 +152,13 @@ def test_the_test_slowdown_slows_work_outside_the_phases_by_its_factor():
     timer.slow_down(3.0)
     assert timer.slow_after(0.02) >= 2 * 0.02             # busy (factor - 1) x the work's seconds, at least
     assert timer.slow_after(0.0) == 0.0
+
+
+def test_the_throughput_pools_only_epochs_that_ran_with_about_the_same_shares():
+    from hvdsync.core.adaptive import window_rate
+
+    equal, adapted, settled = ((0.5, 0.5), [10.0, 10.0, 10.0]), ((0.7, 0.3), [8.0, 8.0]), ((0.72, 0.28), [7.0, 7.0])
+    assert window_rate([equal, adapted]) == 8.0                    # the equal epoch measured another balance
+    assert window_rate([equal, adapted, settled]) == 7.5            # 0.02 apart: pooled, the median of four steps
+    assert window_rate([equal, adapted, settled], tolerance=1.0) == 8.0   # everything pooled, as before
+    assert window_rate([((0.5, 0.5), [])]) == 0.0                  # nothing measured
