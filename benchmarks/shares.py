@@ -11,12 +11,13 @@ from the same start, with rank 1 computing 2x slower (the test-only ``data.test_
 once with ``data.shares: equal`` and once with ``adaptive``, plus a run without the slow rank for reference. The
 rounds alternate the frameworks (torch, tensorflow, torch, ...), so both see the same machine, and the order of the
 equal and adaptive runs (equal first in even rounds, adaptive first in odd ones), so that a drift of the machine
-during a job favours neither. It prints, per run,
-the mean epoch time over epochs 1.. (epoch 0 runs with equal shares in both: nothing is measured before it), the
-samples each rank read per epoch, the shares, and whether the ranks ended with identical parameters; then the
-ratio of the adaptive to the equal epoch time (target: <= 0.75) and its *bound*: what perfectly balanced shares
-would give, from the equal run's own figures (each rank's measured throughput gives the balanced compute time; the
-evaluation, whose test set the shares cut too, shrinks in proportion; the all-reduce and the update do not).
+during a job favours neither. It prints, per run, the mean epoch time over epochs 1.. (epoch 0 runs with equal
+shares in both: nothing is measured before it), the samples each rank read per epoch, the shares, whether the ranks
+ended with identical parameters, and each rank's phases and cost per sample; then the ratio of the adaptive to the
+equal epoch time (target: <= 0.75) and its *bound*: what perfectly balanced shares would give, from the equal run's
+own figures (each rank's measured throughput gives the balanced compute time; the evaluation, whose test set the
+shares cut too, shrinks in proportion; the all-reduce and the update do not). The same bound from the adaptive run's
+own figures says how much its shares left to win at the speeds its ranks had (1.00: nothing).
 
 Then a growing batch (``data.batch_growth``: x2 at epoch 2, x4 at epoch 4, learning rate by ``sqrt``) against a
 constant batch, in each framework's last job: all-reduce rounds per epoch (counted: gradient tensors handed to
