@@ -39,11 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SAMPLES = 65536
 
 
+def batch_for(samples: int) -> int:
+    """Samples per rank per step: 2048, or a 16th of a smaller data set."""
+    return min(2048, samples // 16)
+
+
 def config(framework: str, epochs: int, hidden: int = 1024, samples: int = SAMPLES, **data):
     from hvdsync.config import Config
 
     return Config.from_dict({
-        "data": {"dataset": "synthetic", "synthetic_samples": samples, "batch_size": min(2048, samples // 16), **data},
+        "data": {"dataset": "synthetic", "synthetic_samples": samples, "batch_size": batch_for(samples), **data},
         "train": {"framework": framework, "epochs": epochs, "hidden": hidden, "lr": 0.05},
         "tracking": {"enabled": False}, "monitor": {"every": 0}})
 
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {"frameworks": {}}
     for framework, rounds in jobs.items():
         print(f"\n{framework}, 2 workers, MLP 64-{args.hidden}-10 on {args.samples} synthetic samples, batch "
-              f"{min(2048, args.samples // 16)} per rank, "
+              f"{batch_for(args.samples)} per rank, "
               f"{args.epochs} epochs")
         print(f"{'run':<28} {'epoch s (1..)':>13} {'samples/rank (last epoch)':>26} {'shares (per epoch)':>26} "
               f"{'equal params':>12}")

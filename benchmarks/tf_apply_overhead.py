@@ -67,9 +67,8 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
     for name in CONTENDERS:
         m = models[name] = model(work)
         if name.startswith("fit"):
-            from hvdsync.tensorflow.train import TensorFlowBackend
-
             from hvdsync.core.scaling import loss_scale
+            from hvdsync.tensorflow.train import TensorFlowBackend
 
             b = TensorFlowBackend(m, keras.optimizers.SGD(work.lr), SyncConfig(), input_shape=work.input_shape())
             # fit's loss is each pass's sum times this scale: with Horovod's average, the global batch's mean.

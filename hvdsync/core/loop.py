@@ -213,16 +213,13 @@ def array_evaluator(backend: Any, data: Dataset, batch: int = EVAL_BATCH,
     at a time (``backend.count_correct``).
 
     With unequal shares a slow rank scores fewer samples too: the evaluation is part of every epoch, and split
-    equally it would make every rank wait for the slow one there as well. Under a test slowdown
-    (``data.test_slowdown``) the slowed rank scores that much slower, as it computes.
+    equally it would make every rank wait for the slow one there as well.
     """
 
     def evaluate() -> Evaluation:
         part = share_slice(len(data.x_test), backend.rank, backend.size, shares())
         x, y = data.x_test[part], data.y_test[part]
-        start = time.perf_counter()
         correct = sum(backend.count_correct(x[i:i + batch], y[i:i + batch]) for i in range(0, len(x), batch))
-        backend.timer.slow_after(time.perf_counter() - start)
         return {"test_accuracy": (correct, len(x))}
 
     return evaluate
@@ -356,6 +353,9 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
             local = _train_epoch(ctx, steps, hooks, bar, resume.consumed if epoch == resume.epoch else 0)
             eval_start = time.perf_counter()
             evaluation = evaluate() if evaluate is not None else {}
+            # Under a test slowdown (data.test_slowdown) the slowed rank also scores that much slower, whichever
+            # evaluator runs: a slower processor is slower at everything it computes.
+            backend.timer.slow_after(time.perf_counter() - eval_start)
             local["epoch_seconds"] = time.perf_counter() - epoch_start
             local["eval_seconds"] = time.perf_counter() - eval_start
             ctx.metrics = _gather_metrics(backend, local, evaluation)

@@ -1,32 +1,28 @@
 """Evaluation of a user's ``Dataset`` for the shared loop: each rank scores its share, the loop adds them up."""
 from __future__ import annotations
 
-import time
 from typing import Callable, Sequence
 
 import horovod.torch as hvd
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from hvdsync.core.profiling import PhaseTimer
 from hvdsync.core.shares import share_slice
 
 
 def dataset_evaluator(model: torch.nn.Module, dataset, batch_size: int = 256, device: torch.device | None = None,
-                      shares: Callable[[], Sequence[float] | None] = lambda: None,
-                      timer: PhaseTimer | None = None) -> Callable[[], dict]:
+                      shares: Callable[[], Sequence[float] | None] = lambda: None) -> Callable[[], dict]:
     """``evaluate()`` for :func:`hvdsync.core.loop.fit_loop`: accuracy of ``model`` (argmax of its outputs) on the
     ``(input, label)`` samples of ``dataset``. Each rank scores its contiguous part, cut by ``shares()`` (the shares
     of the training steps in force, ``None`` for equal: a slow rank scores fewer, as it trains on fewer); it returns
-    ``{"test_accuracy": (correct, count)}`` and the loop sums both over ranks, so the figure is over the whole set.
-    ``timer``: the backend's, so that a test slowdown (``data.test_slowdown``) slows the scoring too."""
+    ``{"test_accuracy": (correct, count)}`` and the loop sums both over ranks, so the figure is over the whole set."""
     device = device or torch.device("cpu")
 
     @torch.no_grad()
     def evaluate() -> dict:
         part = share_slice(len(dataset), hvd.rank(), hvd.size(), shares())
         model.eval()
-        correct, count, start = 0, 0, time.perf_counter()
+        correct, count = 0, 0
         try:
             for x, y in DataLoader(Subset(dataset, range(part.start, part.stop)), batch_size=batch_size):
                 predicted = model(x.to(device)).argmax(dim=1).cpu()
@@ -34,8 +30,6 @@ def dataset_evaluator(model: torch.nn.Module, dataset, batch_size: int = 256, de
                 count += len(y)
         finally:
             model.train()
-        if timer is not None:
-            timer.slow_after(time.perf_counter() - start)
         return {"test_accuracy": (correct, count)}
 
     return evaluate

@@ -225,8 +225,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         # Cut by the shares the loader's plan has in force (adaptive shares change them each epoch); arrays read
         # by fit_loop's own plan keep equal parts of the user's test set.
         shares = (lambda: steps.plan.shares) if train is not None else (lambda: None)
-        evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size, backend.device, shares=shares,
-                                     timer=backend.timer)
+        evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size, backend.device, shares=shares)
     resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
     return fit_loop(cfg, backend, steps, evaluate, callbacks=callbacks, resume=resume, before_step=before_step)
 
