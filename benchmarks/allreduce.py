@@ -14,7 +14,7 @@ The variants, each started as its own pair of worker processes, alternated round
       cycle, response cache of 1024): what a ``horovodrun`` script gets. The worker unsets ``HOROVOD_CYCLE_TIME``
       and ``HOROVOD_CACHE_CAPACITY`` before ``hvd.init()``: an unpatched ``horovod.runner.run`` sets both to
       ``(None,)``, which Horovod reads as 0 (README, "The launcher dropped two knobs").
-  (b) hvdsync: workers from :func:`hvdsync.launch.run` with ``SyncConfig()`` (plus ``--set`` changes),
+  (b) hvdsync: workers from :func:`hvdsync.launch.local.run` with ``SyncConfig()`` (plus ``--set`` changes),
       :func:`hvdsync.torch.runtime.init`, and the in-place ``allreduce_async_`` + ``synchronize`` that
       ``hvd.DistributedOptimizer`` uses. Exactly what hvdsync's workers get; the run warns if the workers' knobs
       differ from the config's.

@@ -7,7 +7,7 @@
 On digits one run's final accuracy moves by a point or more from seed to seed (a seed picks the initial weights
 and the sample order), and with plain SGD at a large learning rate ``none`` itself swings by tens of points
 between epochs: a codec's "gap to none" from one run can be chance. This trains ``none`` and each codec from the
-same seeds (one job of 2 workers per framework, :func:`hvdsync.launch.train_many`) and prints, per seed, the final
+same seeds (one job of 2 workers per framework, :func:`hvdsync.launch.local.train_many`) and prints, per seed, the final
 test accuracy and the difference to ``none`` from the same seed, then the mean over seeds. A codec spec may end
 in ``/nomc`` (``sync.momentum_correction: false``) or ``/noef`` (``sync.error_feedback: false``).
 """

@@ -8,7 +8,7 @@ for two models and both frameworks, in one run.
     make bench                                             # allreduce.py, then this
 
 Per framework, one job of 2 Horovod workers (Gloo over loopback) trains each model, from the same start, on the same
-samples, for the same number of steps, once per codec (:func:`hvdsync.launch.train_many`). Per run it prints:
+samples, for the same number of steps, once per codec (:func:`hvdsync.launch.local.train_many`). Per run it prints:
 
 * bytes one rank handed to Horovod per step, *counted* by hvdsync's wire counter (values and indices, scales,
   PowerSGD's factors), checked against the codec's formula (the run fails if they differ);

@@ -5,21 +5,21 @@
     python benchmarks/costmodel.py --quick            # 1 and 4 MiB, 3 rounds: every path in ~40 s
     python benchmarks/costmodel.py --json costmodel.json
 
-1. This machine, measured (:mod:`hvdsync.core.hardware`): cores, memory, one core's copy and add throughput (the add
+1. This machine, measured (:mod:`hvdlab.hardware`): cores, memory, one core's copy and add throughput (the add
    throughput is the model's gamma), loopback TCP latency and bandwidth.
-2. Horovod on ``--np`` local workers (:func:`hvdsync.torch.measure.collective_times`): ring all-reduce, sharded
+2. Horovod on ``--np`` local workers (:func:`hvdlab.torch.measure.collective_times`): ring all-reduce, sharded
    parameter server (alltoall push + local sum, allgather pull), single server (alltoall to rank 0 + broadcast),
    gossip neighbour exchange, and the pieces: one Horovod call (a 4-byte all-reduce), allocating and filling a
    buffer (fresh memory: each call's new output tensors pay it), the push, the pull, and Horovod's own
    reducescatter. One warm-up round, then rounds that visit every size and pattern in turn; every
    result checked; the median per size and pattern (each timing is the slowest rank's).
-3. The link fitted to the ring medians (:func:`hvdsync.core.costmodel.fit_link`): the per-call cost and the fresh
+3. The link fitted to the ring medians (:func:`hvdlab.costmodel.fit_link`): the per-call cost and the fresh
    memory cost measured apart (step 2) and gamma from step 1 are subtracted, alpha and beta fitted. Then predicted / measured
-   per size and pattern with :func:`~hvdsync.core.costmodel.horovod_time` (the calls and the algorithms Horovod
-   runs on Gloo); the textbook schedules (:func:`~hvdsync.core.costmodel.predict`, fitted without the call term)
+   per size and pattern with :func:`~hvdlab.costmodel.horovod_time` (the calls and the algorithms Horovod
+   runs on Gloo); the textbook schedules (:func:`~hvdlab.costmodel.predict`, fitted without the call term)
    for comparison. The target: every ratio within 1/1.5 .. 1.5.
 4. Bytes through rank 0 per pattern (as Gloo runs it), and the model with vendors' fabric figures
-   (:data:`hvdsync.core.costmodel.FABRICS`): predicted all-reduce time of a stated model size on 8 and 64 ranks.
+   (:data:`hvdlab.costmodel.FABRICS`): predicted all-reduce time of a stated model size on 8 and 64 ranks.
 
 The machine is shared: medians move by tens of percent between runs when other jobs run; the ratios, measured side
 by side in one run, are what to read. With more workers than cores (``--np 4`` on 2 cores) the processes take
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hvdsync import launch  # noqa: E402
 from hvdsync.config import SyncConfig  # noqa: E402
-from hvdsync.core import costmodel, hardware  # noqa: E402
-from hvdsync.torch.measure import PATTERNS, PIECES, collective_times  # noqa: E402
+from hvdlab import costmodel, hardware  # noqa: E402
+from hvdlab.torch.measure import PATTERNS, PIECES, collective_times  # noqa: E402
 
 MiB = 2**20
 # ResNet-50's 25.6 M float32 parameters: the usual yardstick for data-parallel all-reduce.

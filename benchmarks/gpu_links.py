@@ -6,7 +6,7 @@
 Per figure: 20 timed copies of 256 MiB after a warm-up, timed with CUDA events, median. Host buffers are pinned
 (page-locked), which is what DMA over PCIe needs to reach full speed. With two or more GPUs it also all-reduces
 through ``torch.distributed`` with NCCL (one process per GPU) from 1 to 256 MiB and fits the alpha-beta model
-(:func:`hvdsync.core.costmodel.fit_link`). On a machine without CUDA it says so and exits 0.
+(:func:`hvdlab.costmodel.fit_link`). On a machine without CUDA it says so and exits 0.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{c['d2h_bytes_per_s'] / 1e9:.1f} GB/s (pinned, 256 MiB); device copy {c['d2d_bytes_per_s'] / 1e9:.0f} GB/s "
           f"of buffer ({2 * c['d2d_bytes_per_s'] / 1e9:.0f} GB/s of HBM traffic); add {c['add_bytes_per_s'] / 1e9:.0f} GB/s")
     if c["gpus"] >= 2:
-        from hvdsync.core import costmodel  # here: hvdsync needs its own dependencies, a bare GPU box may lack them
+        from hvdlab import costmodel  # here: hvdsync needs its own dependencies, a bare GPU box may lack them
 
         sizes = [s * MiB for s in (1, 4, 16, 64, 256)]
         doc["nccl"] = nccl_allreduce(sizes)

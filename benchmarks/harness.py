@@ -1,7 +1,7 @@
 """The measuring machinery shared by ``allreduce.py`` (the side-by-side table) and ``knobs.py`` (the knob sweep).
 
 A *variant* is one way of all-reducing a float32 tensor on 2 local processes: Horovod Gloo in workers started by
-:func:`hvdsync.launch.run` (with some knobs and some way of calling Horovod), or ``torch.distributed`` Gloo in
+:func:`hvdsync.launch.local.run` (with some knobs and some way of calling Horovod), or ``torch.distributed`` Gloo in
 plain subprocesses on 127.0.0.1. Every variant runs the same loop (:func:`measure`):
 
     for each size: warm-up iterations, then timed ones; each iteration refills the tensor, meets the other rank at a
@@ -53,7 +53,7 @@ class Variant:
 
     Args:
         name: key in JSON; ``label`` is what tables print.
-        backend: ``horovod`` (workers from :func:`hvdsync.launch.run`) or ``torch`` (torch.distributed Gloo).
+        backend: ``horovod`` (workers from :func:`hvdsync.launch.local.run`) or ``torch`` (torch.distributed Gloo).
         sync: Horovod only: ``None`` hands the launcher no :class:`~hvdsync.config.SyncConfig`; a dict hands it
             ``SyncConfig(**sync)`` (``{}``: hvdsync's defaults), whose ``horovod_env()`` the launcher exports.
         worker_env: set (``None``: unset) inside the worker just before ``hvd.init()``, after the launcher and
@@ -181,7 +181,7 @@ def idle_cpu(seconds: float) -> float | None:
     return (time.process_time() - c0) / seconds
 
 
-# ---- Horovod workers (started by hvdsync.launch.run) ---------------------------------------------------------------
+# ---- Horovod workers (started by hvdsync.launch.local.run) ---------------------------------------------------------------
 def _horovod_worker(spec: dict, sizes_mb, iters, warmup, op, idle_s=0.0) -> dict:
     """Runs in each Horovod worker: set the variant's environment, ``init``, measure, ``shutdown``."""
     import horovod.torch as hvd
@@ -246,7 +246,7 @@ def _run_horovod(v: Variant, sizes_mb, iters, warmup, op, np, env, idle_s) -> li
     import cloudpickle
 
     from hvdsync.config import SyncConfig
-    from hvdsync.launch import run
+    from hvdsync.launch.local import run
 
     # The workers cannot import this file (it is not a package on their path): send its functions by value.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

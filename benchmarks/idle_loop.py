@@ -89,7 +89,7 @@ def _run(name: str, seconds: float) -> list[dict]:
                           {**os.environ, "PYTHONPATH": path}, 600, "plain")
             return [json.loads(o.read_text()) for o in outs]
     from hvdsync.config import SyncConfig
-    from hvdsync.launch import run
+    from hvdsync.launch.local import run
 
     return run(compute, args=(seconds, True), np=2, sync=SyncConfig(), progress=False, timeout=600,
                env={"PYTHONPATH": path, "HOROVOD_IDLE_WAIT_MS": "20", **CONTENDERS[name]})

@@ -8,7 +8,7 @@
     python benchmarks/knobs.py --part dtype       # float16 against float32, the same elements (fp16 compression)
     python benchmarks/knobs.py --json knobs.json  # every figure as JSON
 
-Each configuration is its own pair of workers started by :func:`hvdsync.launch.run` (the knobs set in the worker
+Each configuration is its own pair of workers started by :func:`hvdsync.launch.local.run` (the knobs set in the worker
 just before ``hvd.init()``, so the launcher cannot drop them); torch.distributed runs in its own processes; all of
 them alternate round by round, in an order rotated every round. Besides time, each row shows:
 

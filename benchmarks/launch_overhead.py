@@ -7,9 +7,9 @@ hvdsync's (issue: a PyTorch run imported TensorFlow in the launcher).
 Before it starts workers, ``horovod.runner`` asks "was Horovod built with Gloo? with MPI?". Horovod answers by
 forking a process that imports ``horovod.tensorflow`` (its first framework), so a launch of a *PyTorch* job paid a
 TensorFlow import, and that child wrote TensorFlow's absl start-up lines into the launcher's terminal.
-:func:`hvdsync.launch.run` answers the same questions from Horovod's compiled extensions (no import).
+:func:`hvdsync.launch.local.run` answers the same questions from Horovod's compiled extensions (no import).
 
-Both variants run :func:`hvdsync.launch.run` on a worker function that imports nothing, each in a fresh Python
+Both variants run :func:`hvdsync.launch.local.run` on a worker function that imports nothing, each in a fresh Python
 process (Horovod caches its answers per process), alternating in every round:
 
   (a) Horovod's checks: the launcher with ``_build_checks_from_binaries`` replaced by a no-op;

@@ -5,7 +5,7 @@
     python benchmarks/shares.py --rounds 3 --json shares.json
     python benchmarks/shares.py --hidden 4096            # 4x the compute per sample: the fixed part of an epoch shrinks
 
-Per framework and round, one job of 2 Horovod workers (:func:`hvdsync.launch.train_many`) trains the same model
+Per framework and round, one job of 2 Horovod workers (:func:`hvdsync.launch.local.train_many`) trains the same model
 from the same start, with rank 1 computing 2x slower (the test-only ``data.test_slow_rank`` /
 ``data.test_slowdown``: busy in proportion to its samples before each forward pass, the same in both frameworks),
 once with ``data.shares: equal`` and once with ``adaptive``, plus a run without the slow rank for reference. The
@@ -79,7 +79,7 @@ def framework_job(framework: str, epochs: int, growth: dict | None, hidden: int 
                   adaptive_first: bool = False, samples: int = SAMPLES) -> dict:
     """One job of workers: a reference without the slow rank, equal and adaptive shares with rank 1 2x slower
     (``adaptive_first``: in that order reversed), and (``growth``) a constant against a growing batch."""
-    from hvdsync.launch import train_many
+    from hvdsync.launch.local import train_many
 
     slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
     runs = {"equal": config(framework, epochs, hidden, samples, shares="equal", **slow),

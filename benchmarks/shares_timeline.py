@@ -33,10 +33,10 @@ def worker(cfg_dicts: list[dict]) -> list[list]:
     import time
 
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core import profiling
-    from hvdsync.core.loop import Callback, array_evaluator, fit_loop
-    from hvdsync.launch import ADAPTERS
+    from hvdsync import datasets
+    from hvdsync.core.telemetry import profiling
+    from hvdsync.core.train.loop import Callback, array_evaluator, fit_loop
+    from hvdsync.launch.local import ADAPTERS
 
     log: list = []
     # Instrumentation for this measurement only: wrap the timer's phase and the slowdown's busy wait so that each
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="also write the raw records to this file")
     args = parser.parse_args(argv)
 
-    from hvdsync.launch import run
+    from hvdsync.launch.local import run
     from shares import config
 
     slow = {"test_slow_rank": 1, "test_slowdown": 2.0}

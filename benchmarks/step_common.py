@@ -2,7 +2,7 @@
 
 The same work for all: a model whose parameters start from the same numbers (drawn here with numpy, so that they do
 not depend on a framework's initialisers or on the process), the same synthetic samples, and the same global batch
-of every step, cut per rank by :class:`hvdsync.core.sharding.ShardPlan` without shuffling (rank r reads the r-th
+of every step, cut per rank by :class:`hvdsync.core.train.sharding.ShardPlan` without shuffling (rank r reads the r-th
 half of each global batch). Plain SGD without momentum: after the same steps, one process on the whole global
 batch and two workers averaging the gradients of their halves end with the same parameters up to float rounding,
 which is what :func:`fingerprint` lets the driver check.
@@ -78,7 +78,7 @@ def data(work: Work) -> tuple[np.ndarray, np.ndarray]:
 
 def plan(work: Work, world: int, accumulate: int = 1):
     """The shard plan every contender reads by (in order, no shuffling)."""
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync.core.train.sharding import ShardPlan
 
     return ShardPlan(work.samples, world, work.global_batch // world, accumulate, seed=0, shuffle=False)
 
@@ -122,10 +122,10 @@ def timed_steps(step, batches: list, warmup: int) -> list[float]:
 
 
 def step_clock(warmup: int, times: list, params: list):
-    """A :class:`hvdsync.core.loop.Callback` for ``fit``: the seconds of each step after ``warmup`` into ``times``,
+    """A :class:`hvdsync.core.train.loop.Callback` for ``fit``: the seconds of each step after ``warmup`` into ``times``,
     the final parameters into ``params``. It runs after hvdsync's own per-step observer, so the figure includes what
     ``fit`` adds to a step."""
-    from hvdsync.core.loop import Callback
+    from hvdsync.core.train.loop import Callback
 
     class Clock(Callback):
         def on_step_begin(self, ctx):

@@ -87,7 +87,7 @@ def _step(v, net, opt, last, batch):
 
     t0 = time.perf_counter()
     if v == "fit_step":
-        from hvdsync.core.scaling import loss_scale
+        from hvdsync.core.train.scaling import loss_scale
 
         before = opt.timer.snapshot()
         opt.train_step([batch], loss_scale(2 * len(batch[1]), 2, "average"))
@@ -174,7 +174,7 @@ def plain_main(args) -> None:
 
 def rounds(path: str, steps: int) -> float:
     """Gloo all-reduces (fused rounds) per step in a timeline written over ``steps`` steps."""
-    from hvdsync.core import timeline
+    from hvdsync.core.telemetry import timeline
 
     starts = sorted(a.start for s in timeline.read(path).select("ALLREDUCE") if not s.name.startswith("mark")
                     for a in s.activities if a.name.startswith("GLOO"))
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         return 0
 
     from hvdsync.config import SyncConfig
-    from hvdsync.launch import run
+    from hvdsync.launch.local import run
 
     env = {"PYTHONPATH": os.pathsep.join(x for x in (str(HERE), os.environ.get("PYTHONPATH", "")) if x)}
     doc = {"load_start": os.getloadavg(), "steps": args.steps, "jobs": {}}

@@ -119,7 +119,7 @@ def plain_worker(spec: dict, rank: int, world: int, port: int) -> dict:
 
 
 def horovod_worker(spec: dict) -> dict:
-    """``raw``, ``api`` and ``fit``: inside Horovod workers from :func:`hvdsync.launch.run`."""
+    """``raw``, ``api`` and ``fit``: inside Horovod workers from :func:`hvdsync.launch.local.run`."""
     spec = Spec(**spec)
     work = Work(**spec.work)
     knobs = {k: os.environ[k] for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY",
@@ -168,7 +168,7 @@ def _api(spec: Spec, work: Work) -> dict:
 
     import hvdsync.tensorflow as hs
     from hvdsync.config import Config, SyncConfig
-    from hvdsync.core.codecs import WireCounter
+    from hvdsync.core.comm.codecs import WireCounter
 
     sync = SyncConfig(**(spec.sync or {}))
     hs.init(Config(sync=sync))
@@ -196,7 +196,7 @@ def _api(spec: Spec, work: Work) -> dict:
 
 def _fit(spec: Spec, work: Work) -> dict:
     import hvdsync.tensorflow as hs
-    from hvdsync.core.data import Dataset
+    from hvdsync.core.train.data import Dataset
 
     x, y = data(work)
     cfg = fit_config(spec, work)

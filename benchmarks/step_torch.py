@@ -94,7 +94,7 @@ def plain_worker(spec: dict, rank: int, world: int, port: int) -> dict:
 
 
 def horovod_worker(spec: dict) -> dict:
-    """``raw``, ``api`` and ``fit``: inside Horovod workers from :func:`hvdsync.launch.run`."""
+    """``raw``, ``api`` and ``fit``: inside Horovod workers from :func:`hvdsync.launch.local.run`."""
     import horovod.torch as hvd
 
     spec = Spec(**spec)
@@ -124,7 +124,7 @@ def _api(spec: Spec, work: Work, knobs: dict) -> dict:
 
     import hvdsync.torch as hs
     from hvdsync.config import Config, SyncConfig
-    from hvdsync.core.codecs import WireCounter
+    from hvdsync.core.comm.codecs import WireCounter
 
     sync = SyncConfig(**(spec.sync or {}))
     hs.init(Config(sync=sync))
@@ -142,7 +142,7 @@ def _api(spec: Spec, work: Work, knobs: dict) -> dict:
 
 def _fit(spec: Spec, work: Work, knobs: dict) -> dict:
     import hvdsync.torch as hs
-    from hvdsync.core.data import Dataset
+    from hvdsync.core.train.data import Dataset
 
     x, y = data(work)
     cfg = fit_config(spec, work)

@@ -67,7 +67,7 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
     for name in CONTENDERS:
         m = models[name] = model(work)
         if name.startswith("fit"):
-            from hvdsync.core.scaling import loss_scale
+            from hvdsync.core.train.scaling import loss_scale
             from hvdsync.tensorflow.train import TensorFlowBackend
 
             b = TensorFlowBackend(m, keras.optimizers.SGD(work.lr), SyncConfig(), input_shape=work.input_shape())
@@ -122,7 +122,7 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     import report
-    from hvdsync.launch import run
+    from hvdsync.launch.local import run
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")

@@ -25,8 +25,8 @@ def measure(hidden: int, repeats: int) -> dict:
     import numpy as np
 
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core.loop import array_evaluator
+    from hvdsync import datasets
+    from hvdsync.core.train.loop import array_evaluator
     from hvdsync.tensorflow.train import build
 
     cfg = Config.from_dict({"data": {"dataset": "synthetic", "synthetic_samples": 65536},

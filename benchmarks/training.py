@@ -14,7 +14,7 @@ Three questions, one table each, from one run:
    global batch. Each contender's final parameters are compared with the one-process run's after the same steps:
    a contender that does not match is printed WRONG, gets no ratio, and the run exits with status 3.
 2. **Scaling**: one process with 1 and with 2 threads against 2 workers of 1 thread (the machine has 2 cores), the
-   efficiency, and what :mod:`hvdsync.core.costmodel` predicts from this machine's measured loopback and memory.
+   efficiency, and what :mod:`hvdlab.costmodel` predicts from this machine's measured loopback and memory.
 3. **Knobs against their off state** (MLP only, where communication dominates): fp16 on the wire, accumulation
    k=4, fusion off, a 5 ms cycle, ``HOROVOD_AUTOTUNE``, each against hvdsync's defaults in the same run.
 
@@ -123,7 +123,7 @@ def _worker_env(extra: dict | None) -> dict:
 
 def run_horovod(con: Contender, env: dict) -> list[dict]:
     from hvdsync.config import SyncConfig
-    from hvdsync.launch import run
+    from hvdsync.launch.local import run
 
     mod = _module(con.spec.framework)
     sync = SyncConfig(**con.spec.sync) if con.spec.sync is not None else None
@@ -245,7 +245,7 @@ def ratio(rows: dict, measured: dict, name: str, base: str) -> dict | None:
 def cost_model(block: dict, link) -> dict:
     """Speedups over one process with 1 thread, and the cost model's 2-worker step: half the 1-thread step (the
     compute splits) plus a ring all-reduce of the gradients on this machine's measured link."""
-    from hvdsync.core import costmodel
+    from hvdlab import costmodel
 
     rows = block["rows"]
     base = rows.get("single", {}).get("median_ms")
@@ -259,8 +259,8 @@ def cost_model(block: dict, link) -> dict:
 
 
 def measure_link(quick: bool):
-    """This machine's loopback and memory figures as a cost-model link (:mod:`hvdsync.core.hardware`)."""
-    from hvdsync.core import costmodel, hardware
+    """This machine's loopback and memory figures as a cost-model link (:mod:`hvdlab.hardware`)."""
+    from hvdlab import costmodel, hardware
 
     nbytes = (4 if quick else 64) * 2**20
     lo, mem = hardware.loopback(nbytes=nbytes, pings=50, repeats=3), hardware.memory_bandwidth(nbytes, repeats=3)

@@ -13,9 +13,9 @@ import tensorflow as tf
 
 import hvdsync.tensorflow as hs
 from hvdsync.config import from_command_line
-from hvdsync.core.data import load
-from hvdsync.core.scaling import loss_scale
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.datasets import load
+from hvdsync.core.train.scaling import loss_scale
+from hvdsync.core.train.sharding import ShardPlan
 
 cfg = from_command_line(framework="tensorflow")
 hs.init(cfg)

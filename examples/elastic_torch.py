@@ -6,7 +6,7 @@ runs it every second and adds or removes workers as its output changes:
     horovodrun -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover_hosts.sh \\
         python examples/elastic_torch.py --set elastic.checkpoint_dir=/shared/ckpt --set elastic.commit_every=20
 
-On one machine, hvdsync writes such a script over loopback names for you (``hvdsync.elastic_launch``):
+On one machine, hvdsync writes such a script over loopback names for you (``hvdsync.launch.elastic``):
 
     hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir ckpt [--resume]
 
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hvdsync.torch as hs
 from hvdsync.config import from_command_line
-from hvdsync.core.data import load
+from hvdsync.datasets import load
 
 cfg = from_command_line(framework="torch")
 hs.init(cfg)

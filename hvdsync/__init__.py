@@ -1,7 +1,7 @@
 """hvdsync: synchronised data-parallel training on Horovod, for PyTorch and TensorFlow.
 
 The framework-free core lives in :mod:`hvdsync.core`; the adapters are :mod:`hvdsync.torch` and
-:mod:`hvdsync.tensorflow` (import the one you use); :mod:`hvdsync.launch` starts local workers.
+:mod:`hvdsync.tensorflow` (import the one you use); :mod:`hvdsync.launch.local` starts local workers.
 """
 from hvdsync.config import Config, ConfigError, DataConfig, SyncConfig, TrackingConfig, TrainConfig
 

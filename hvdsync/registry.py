@@ -1,7 +1,7 @@
 """Models and data sets looked up by name, so the config, the CLI and both adapters find them without ``if`` chains.
 
 A **model** is registered per framework: a builder ``build(cfg, data) -> model`` where ``data`` is the
-:class:`hvdsync.core.data.Dataset` it will train on (its ``input_shape`` and ``n_classes`` size the model). A **data
+:class:`hvdsync.core.train.data.Dataset` it will train on (its ``input_shape`` and ``n_classes`` size the model). A **data
 set** is framework-free: ``load(data_cfg, seed) -> Dataset`` (numpy arrays; the shard plan decides who reads what).
 
 hvdsync's own entries are declared below as ``"module:function"`` strings, imported on first use: validating a
@@ -80,10 +80,10 @@ for _name, _framework, _target in (
 ):
     MODELS.add(_name, _target, _framework)
 for _name, _target in (
-    ("digits", "hvdsync.core.data:load_digits"),
-    ("synthetic", "hvdsync.core.data:load_synthetic"),
-    ("digits_images", "hvdsync.core.data:load_digits_images"),
-    ("synthetic_images", "hvdsync.core.data:load_synthetic_images"),
+    ("digits", "hvdsync.core.train.data:load_digits"),
+    ("synthetic", "hvdsync.core.train.data:load_synthetic"),
+    ("digits_images", "hvdsync.core.train.data:load_digits_images"),
+    ("synthetic_images", "hvdsync.core.train.data:load_synthetic_images"),
 ):
     DATASETS.add(_name, _target)
 
@@ -99,7 +99,7 @@ def register_model(name: str, framework: str) -> Callable[[Callable], Callable]:
 
 
 def register_dataset(name: str) -> Callable[[Callable], Callable]:
-    """Register ``load(data_cfg, seed) -> hvdsync.core.data.Dataset`` as ``data.dataset: name``.
+    """Register ``load(data_cfg, seed) -> hvdsync.core.train.data.Dataset`` as ``data.dataset: name``.
 
     Example:
         >>> @register_dataset("mine")                            # doctest: +SKIP
@@ -114,5 +114,5 @@ def build_model(cfg: Any, data: Any, framework: str | None = None) -> Any:
 
 
 def load_dataset(data_cfg: Any, seed: int = 0) -> Any:
-    """The data set ``data_cfg.dataset`` names, as a :class:`hvdsync.core.data.Dataset`."""
+    """The data set ``data_cfg.dataset`` names, as a :class:`hvdsync.core.train.data.Dataset`."""
     return DATASETS.get(data_cfg.dataset)(data_cfg, seed)

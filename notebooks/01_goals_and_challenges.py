@@ -80,9 +80,9 @@ def experiments(cfg_dict, delays_ms):
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core.loop import fit_loop
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync import datasets
+    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.core.train.sharding import ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

@@ -24,11 +24,11 @@
 #   worker must take the same number of steps: a worker with one step more would call all-reduce alone and wait
 #   forever (a deadlock, not an error). hvdsync makes *one global order* per epoch from `(seed, epoch)` — the same on
 #   every rank and for every world size — cuts it into global batches, and splits each batch evenly among the
-#   ranks (`hvdsync.core.sharding.ShardPlan`).
+#   ranks (`hvdsync.core.train.sharding.ShardPlan`).
 # * **the seeds.** Some randomness must be *identical* on all ranks (the initial model, the epoch's order), some must
 #   *differ* (dropout masks, noise: W copies of the same mask waste the randomness), and augmentation is best keyed
 #   by the *sample*, so that a run's augmented data does not depend on how many workers read it
-#   (`hvdsync.core.seeding`: `rank_seed`, `sample_rng`).
+#   (`hvdsync.core.train.seeding`: `rank_seed`, `sample_rng`).
 #
 # We look at the plan on a toy dataset, count what goes wrong without it, check seeds and augmentation, and then
 # let 2 real Horovod workers read the digits data set through hvdsync's loader and verify what they read.
@@ -41,9 +41,9 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core import data as datasets
-from hvdsync.core import seeding
-from hvdsync.core.sharding import ShardPlan, naive_shards
+from hvdsync import datasets
+from hvdsync.core.train import seeding
+from hvdsync.core.train.sharding import ShardPlan, naive_shards
 
 cfg = Config().replace(train={"np": 2, "seed": 0}, data={"dataset": "digits", "batch_size": 32},
                        tracking={"enabled": False})
@@ -156,9 +156,9 @@ def read_and_report(cfg_dict, epochs):
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core import seeding
-    from hvdsync.core.sharding import ShardPlan, naive_shards
+    from hvdsync import datasets
+    from hvdsync.core.train import seeding
+    from hvdsync.core.train.sharding import ShardPlan, naive_shards
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

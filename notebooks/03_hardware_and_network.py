@@ -23,7 +23,7 @@
 #
 # `T = 2(n−1)·alpha + 2(n−1)/n·S·beta + (n−1)/n·S·gamma`
 #
-# (`hvdsync.core.costmodel`; Thakur, Rabenseifner & Gropp 2005). For big buffers the beta term dominates and
+# (`hvdlab.costmodel`; Thakur, Rabenseifner & Gropp 2005). For big buffers the beta term dominates and
 # barely depends on n; for small ones the 2(n−1) latencies do, which is why libraries switch to trees for small
 # messages and why Horovod *fuses* many small gradients into one buffer.
 #
@@ -40,8 +40,8 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import SyncConfig
-from hvdsync.core import costmodel, hardware
-from hvdsync.torch.measure import collective_times
+from hvdlab import costmodel, hardware
+from hvdlab.torch.measure import collective_times
 
 MiB = 2**20
 facts = hardware.describe()
@@ -104,7 +104,7 @@ plt.show()
 # Vendors' per-direction bandwidths (NVIDIA H100/H200 datasheets: NVLink 4 at 900 GB/s both ways per GPU; PCI-SIG:
 # PCIe 4.0/5.0 x16 at ~32/64 GB/s per direction; NVIDIA ConnectX-7 user manual: InfiniBand NDR 400 Gb/s, HDR/NDR200
 # 200 Gb/s; IEEE 802.3: 100 and 25 Gb Ethernet) and order-of-magnitude latencies, in
-# `hvdsync.core.costmodel.FABRICS`. Below: the predicted time to all-reduce ResNet-50's gradients (25.6 M float32
+# `hvdlab.costmodel.FABRICS`. Below: the predicted time to all-reduce ResNet-50's gradients (25.6 M float32
 # parameters, 102 MB) on 8 and 64 ranks by a ring and by a single parameter server, with the reduction treated as
 # free (on a GPU it runs at HBM speed, terabytes per second, far above any link). This task had no multi-GPU
 # machine to measure on: these are predictions from cited figures, not measurements.

@@ -34,7 +34,7 @@
 #   `hvd.broadcast` pulls.
 #
 # We check that both train to the ring's parameters, count the bytes through each rank, time the patterns, and
-# use the numpy simulation and the cost model (`hvdsync.core.schemes`, `hvdsync.core.costmodel`) for 4 to 64 ranks.
+# use the numpy simulation and the cost model (`hvdsync.core.comm.schemes`, `hvdlab.costmodel`) for 4 to 64 ranks.
 
 # %%
 import matplotlib.pyplot as plt
@@ -42,11 +42,11 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core import costmodel
-from hvdsync.core.data import digits
-from hvdsync.core.schemes import sim
-from hvdsync.torch.measure import collective_times
-from hvdsync.torch.schemes import train_modes
+from hvdlab import costmodel
+from hvdsync.core.train.data import digits
+from hvdlab import sim
+from hvdlab.torch.measure import collective_times
+from hvdlab.torch.modes import train_modes
 
 cfg = Config().replace(train={"np": 2, "epochs": 3, "seed": 1}, data={"batch_size": 32},
                        tracking={"enabled": False})

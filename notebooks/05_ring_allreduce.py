@@ -34,7 +34,7 @@
 #
 # Each rank sends 2(n − 1) chunks of S/n bytes, **2(n − 1)/n · S** in all: less than 2S whatever n is, the same for
 # every rank, and all links busy at once. This notebook runs the ring step by step in numpy
-# (`hvdsync.core.ring`), checks it against the sum, counts its bytes against the law and against a parameter
+# (`hvdlab.ring`), checks it against the sum, counts its bytes against the law and against a parameter
 # server, and then measures the real thing: Horovod all-reducing 1, 4 and 16 MiB on 2 workers.
 
 # %%
@@ -45,7 +45,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core import ring
+from hvdlab import ring
 
 # %% [markdown]
 # ## 1 · The ring, step by step

@@ -29,7 +29,7 @@
 #
 # * **the loss scale.** Backward passes *add* into the gradient, so each micro-batch's summed loss must be divided by
 #   the number of samples in the whole global step — not by its own size, which would weigh k micro-batches k times
-#   as much as one batch of the same samples (`hvdsync.core.scaling.loss_scale`);
+#   as much as one batch of the same samples (`hvdsync.core.train.scaling.loss_scale`);
 # * **when to synchronise.** The all-reduce must wait for the last micro-batch: Horovod's
 #   `backward_passes_per_step=k`, which hvdsync sets from `sync.accumulate`. Every rank must run the same number of
 #   micro-steps, or one rank's all-reduce waits forever (the shard plan guarantees it, notebook 02).
@@ -45,7 +45,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.scaling import loss_scale
+from hvdsync.core.train.scaling import loss_scale
 
 cfg = Config().replace(train={"np": 2, "epochs": 2, "seed": 0}, data={"dataset": "digits", "batch_size": 32},
                        tracking={"enabled": False})
@@ -81,8 +81,8 @@ for k in (1, 2, 4, 8):
 def accumulation_runs(cfg_dict, ks):
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core.loop import fit_loop
+    from hvdsync import datasets
+    from hvdsync.core.train.loop import fit_loop
 
     base = Config.from_dict(cfg_dict)
     data = datasets.load(base.data, base.train.seed)
@@ -147,7 +147,7 @@ plt.show()
 # ## 3 · Throughput
 #
 # Now the communication side. Suppose memory allows 8 samples per worker at a time. Two trainings through
-# `hvdsync.launch.train` (the same entry point as `hvdsync train`), with the 2 epochs used above:
+# `hvdsync.launch.local.train` (the same entry point as `hvdsync train`), with the 2 epochs used above:
 #
 # * **batch 8**: what fits, without accumulation — one all-reduce per 8 samples per worker;
 # * **batch 32 as 4 × 8**: accumulation, same memory — one all-reduce per 32 samples;

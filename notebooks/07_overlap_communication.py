@@ -25,7 +25,7 @@
 #
 # We measure it with Horovod's own instrument, the **timeline** (`HOROVOD_TIMELINE`: a Chrome trace written by
 # rank 0 with, per tensor, negotiation, queueing, the fusion-buffer copies and the all-reduce), parsed by
-# `hvdsync.core.timeline`. The probe (`hvdsync.torch.overlap.probe`) trains an MLP two ways in one job:
+# `hvdsync.core.telemetry.timeline`. The probe (`hvdlab.torch.overlap.probe`) trains an MLP two ways in one job:
 #
 # * **hooks**: Horovod's `DistributedOptimizer`;
 # * **after backward**: a plain backward, then every gradient handed to Horovod (nothing can overlap);
@@ -44,8 +44,8 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import SyncConfig
-from hvdsync.core import timeline
-from hvdsync.torch import overlap
+from hvdsync.core.telemetry import timeline
+from hvdlab.torch import overlap
 
 folder = Path(tempfile.mkdtemp(prefix="hvdsync-nb07-"))
 THRESHOLDS = [0, 64]
@@ -128,7 +128,7 @@ plt.show()
 # * Horovod starts each gradient's all-reduce from a hook as soon as backward produces it, so part of the
 #   communication runs while backward is still computing; an all-reduce started after backward hides nothing.
 # * The timeline is the instrument: per tensor it shows when the request arrived, when the collective ran and what
-#   it did; `hvdsync.core.timeline` turns it into spans comparable with the workers' clocks.
+#   it did; `hvdsync.core.telemetry.timeline` turns it into spans comparable with the workers' clocks.
 # * Layer order matters: gradients of layers near the output are ready first. Big layers there leave the rest of
 #   backward to hide their all-reduce; big layers near the input are ready last, with little left to hide behind.
 # * The fusion threshold trades per-message latency (many small all-reduces) against waiting to fill a buffer;

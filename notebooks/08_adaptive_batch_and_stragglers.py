@@ -25,7 +25,7 @@
 #   every global step proportional to its measured throughput lets all of them finish their piece together. The
 #   global step stays the same — the same samples, the same update — only its cut changes. hvdsync measures each
 #   rank's *work* (reading, forward and backward; not its wait in the all-reduce), all-gathers it at every epoch
-#   boundary, and re-divides the next epoch's steps (`hvdsync.core.shares`). The plan keeps its promises: every
+#   boundary, and re-divides the next epoch's steps (`hvdsync.core.train.shares`). The plan keeps its promises: every
 #   sample once per epoch, the same number of steps and micro-batches on every rank (no all-reduce that one rank
 #   never joins), and each rank's loss weighted by its own share of the step, so the weights sum to one and the
 #   all-reduced gradient is still the mean over the global batch.
@@ -47,7 +47,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.core.train.sharding import ShardPlan
 
 base = Config.from_dict({
     "data": {"dataset": "synthetic", "synthetic_samples": 65536, "batch_size": 2048},
@@ -93,8 +93,8 @@ def share_run(cfg_dict):
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core.data import load
-    from hvdsync.core.loop import Callback
+    from hvdsync.datasets import load
+    from hvdsync.core.train.loop import Callback
 
     cfg = Config.from_dict(cfg_dict)
     data = load(cfg.data, cfg.train.seed)
@@ -188,7 +188,7 @@ plt.show()
 #
 # `data.batch_growth: {2: 2, 4: 4}` doubles the batch at epoch 2 and again at epoch 4; the learning rate grows by
 # the square root of the factor (`train.growth_lr: sqrt`). Against a constant batch, on the digits, both through
-# `hvdsync.launch.train_many` (one job). The all-reduce rounds per epoch are *counted* (gradient tensors handed to
+# `hvdsync.launch.local.train_many` (one job). The all-reduce rounds per epoch are *counted* (gradient tensors handed to
 # Horovod over the tensors of one round), not computed from the plan.
 
 # %%

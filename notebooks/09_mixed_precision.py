@@ -42,7 +42,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.precision import format_facts
+from hvdsync.core.train.precision import format_facts
 
 facts = format_facts()
 for name, f in facts.items():
@@ -111,10 +111,10 @@ def overflow_demo(steps=8, at=3):
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core import monitor
-    from hvdsync.core.scaling import loss_scale
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync import datasets
+    from hvdsync.core.telemetry import monitor
+    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train.sharding import ShardPlan
 
     cfg = Config.from_dict({"train": {"precision": "fp16"}, "tracking": {"enabled": False}})
     out = {}

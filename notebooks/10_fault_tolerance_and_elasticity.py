@@ -46,10 +46,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from hvdsync import elastic_launch
+from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
-from hvdsync.core.checkpoint import CheckpointStore
-from hvdsync.launch import WorkerError
+from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.launch.local import WorkerError
 
 hosts = elastic_launch.local_hosts()
 print("names of this machine that count as hosts:", hosts)

@@ -22,7 +22,7 @@
 # fixed latency, notebook 05), a large one computing. Before tuning anything (compression, accumulation, fusion
 # buffers, more workers) you need to know which link it is, and on which rank.
 #
-# hvdsync times each phase on every rank (`hvdsync.core.profiling.PhaseTimer`: `data`, `compute` = forward and
+# hvdsync times each phase on every rank (`hvdsync.core.telemetry.profiling.PhaseTimer`: `data`, `compute` = forward and
 # backward, `sync_wait`, `update`) and every `monitor.every` steps gathers the figures on rank 0, which records them
 # in the job's one MLflow run as `rank/<r>/<phase>_seconds` and `rank/<r>/comm_share` (the share of the step spent
 # waiting on communication). `sync_wait` holds the communication that compute did not hide *plus* the time a
@@ -31,7 +31,7 @@
 # Inside the all-reduce, Horovod's own **timeline** (`HOROVOD_TIMELINE`, switched on by `tracking.timeline` or
 # `hvdsync train --timeline`) shows per tensor how long it took to *negotiate* (all ranks announcing the tensor is
 # ready), how long it *queued*, copied into the fusion buffer, and was reduced. hvdsync parses it
-# (`hvdsync.core.profiling.parse_timeline`) and records a per-tensor chart with the run.
+# (`hvdsync.core.telemetry.profiling.parse_timeline`) and records a per-tensor chart with the run.
 #
 # Here: three model sizes in one pair of workers, everything read back from MLflow.
 
@@ -46,7 +46,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.profiling import PHASES, TIMELINE_PARTS
+from hvdsync.core.telemetry.profiling import PHASES, TIMELINE_PARTS
 
 folder = Path(tempfile.mkdtemp(prefix="hvdsync-nb11-"))
 store = f"sqlite:///{folder / 'mlflow.db'}"

@@ -42,8 +42,8 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config, ConfigError
-from hvdsync.core import data as datasets
-from hvdsync.core.scaling import scaled_lr
+from hvdsync import datasets
+from hvdsync.core.train.scaling import scaled_lr
 
 # The learning rate is meant for ONE worker with 32 samples per step; `lr_scaling: linear` multiplies it by the
 # number of workers, because 2 workers x 32 samples make a global batch of 64.
@@ -62,7 +62,7 @@ print(f"{cfg.train.np} workers x batch {cfg.data.batch_size} = global batch {cfg
 # %% [markdown]
 # ## 1 · The same training in PyTorch and TensorFlow
 #
-# `hvdsync.launch.train` is what `hvdsync train` runs: it checks the config against this Horovod build, starts the
+# `hvdsync.launch.local.train` is what `hvdsync train` runs: it checks the config against this Horovod build, starts the
 # workers and calls the chosen adapter's `fit`. Only `train.framework` changes between the two runs below; the
 # data, its sharding, the loss scale, the learning rate, the epochs and the metrics are the same code (hvdsync's
 # core), so the columns can be compared directly. The two models are the same MLP (64 → 64 → 10) but start from each
@@ -183,11 +183,11 @@ def experiments(cfg_dict, lr_variants):
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core.loop import fit_loop
-    from hvdsync.core.scaling import scaled_lr
-    from hvdsync.core.seeding import rank_seed
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync import datasets
+    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.core.train.scaling import scaled_lr
+    from hvdsync.core.train.seeding import rank_seed
+    from hvdsync.core.train.sharding import ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

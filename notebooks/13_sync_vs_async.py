@@ -26,13 +26,13 @@
 #   steps synchronously (where the loss falls fastest) and goes local afterwards. In hvdsync:
 #   `sync.mode: local_sgd`, `sync.period: H`, `sync.warmup_steps: N`, for PyTorch and Keras 3
 #   (`hvdsync/torch/schemes/local_sgd.py`, `hvdsync/tensorflow/schemes.py`;
-#   the schedule is `hvdsync.core.schemes.local_sgd`).
+#   the schedule is `hvdsync.core.comm.schemes.local_sgd`).
 #   The optimizer state (momentum) is averaged with the parameters, in the same all-reduce, so right after an
 #   averaging the ranks share one model *and* one optimizer state.
 # * **Do not wait at all: asynchronous SGD.** A parameter server applies each worker's gradient as it arrives; by
 #   then the parameters have moved on, so the gradient is *stale* by s updates. Under a staleness bound tau
-#   (stale synchronous parallel), `x_{t+1} = x_t − lr·d(s)·∇f(x_{t−s}; batch_t)`. `hvdsync.core.schemes.staleness`
-#   replays exactly that (the delay queue, the damping rules d) and `hvdsync.torch.staleness` runs it on the real
+#   (stale synchronous parallel), `x_{t+1} = x_t − lr·d(s)·∇f(x_{t−s}; batch_t)`. `hvdlab.staleness`
+#   replays exactly that (the delay queue, the damping rules d) and `hvdlab.torch.staleness` runs it on the real
 #   MLP in this process; tau = 0 is synchronous SGD over the same batches.
 #
 # Below: local SGD with H ∈ {1, 4, 8} and post-local SGD against synchronous SGD on 2 Horovod workers, at the same
@@ -45,9 +45,9 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.schemes import local_sgd
-from hvdsync.torch.schemes import train_modes
-from hvdsync.torch.staleness import simulate
+from hvdsync.core.comm.schemes import local_sgd
+from hvdlab.torch.modes import train_modes
+from hvdlab.torch.staleness import simulate
 
 # 4 epochs of digits at 2 x 32 samples per step: 22 steps per epoch, 88 steps, a multiple of 4 and 8, so the run
 # ends on an averaging and the final accuracy is the averaged model's.

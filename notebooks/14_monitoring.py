@@ -28,9 +28,9 @@
 #   slow. What can is each rank's *working* time, its step time minus its wait in the all-reduce: the fast ranks
 #   wait, the slow one does not.
 #
-# Every `monitor.every` steps hvdsync's observer (`hvdsync.core.observe`) gathers on rank 0, in one small
+# Every `monitor.every` steps hvdsync's observer (`hvdsync.core.telemetry.observe`) gathers on rank 0, in one small
 # all-gather: a parameter fingerprint per rank (three float64 sums: bitwise equal under synchronous training),
-# each rank's loss, step and working time, and the gradient norm. `hvdsync.core.monitor.Alarms` raises a
+# each rank's loss, step and working time, and the gradient norm. `hvdsync.core.telemetry.monitor.Alarms` raises a
 # divergence at once, and a straggler when the same rank works more than `monitor.straggler_ratio` times the
 # median of the others (over the last checks, twice in a row). Each alarm is an MLflow tag
 # (`hvdsync.alarm.<kind>`, `...rank`), a metric (`alarm/<kind>`) and one warning line naming the rank.
@@ -70,7 +70,7 @@ def three_runs(raw, nudge_step, slow_ms):
     import torch
 
     from hvdsync.config import Config
-    from hvdsync.core.loop import fit_with
+    from hvdsync.fitting import fit_with
     from hvdsync.torch import init
     from hvdsync.torch.train import build
 

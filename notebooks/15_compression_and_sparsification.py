@@ -29,7 +29,7 @@
 #
 # The lossy ones only work with **error feedback**: each rank keeps the part of its gradient it did not send
 # (the *residual*) and adds it to its next gradient, so nothing is lost, only delayed (Stich et al. 2018;
-# Lin et al. 2018). hvdsync writes every codec's maths once in `hvdsync.core.codecs` (with its state: residuals,
+# Lin et al. 2018). hvdsync writes every codec's maths once in `hvdsync.core.comm.codecs` (with its state: residuals,
 # step counters, PowerSGD's Q) and runs it with each framework's kernels; `sync.compression: topk:0.01` picks one,
 # `sync.error_feedback: false` switches the residual off.
 #
@@ -44,8 +44,8 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.codecs import CodecState, get_codec
-from hvdsync.core.codecs.numpy_ops import NumpyOps, simulate
+from hvdsync.core.comm.codecs import CodecState, get_codec
+from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
 
 base = Config.from_dict({"train": {"np": 2, "epochs": 8, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5},
                          "tracking": {"enabled": False}})

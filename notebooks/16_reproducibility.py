@@ -44,7 +44,8 @@ import matplotlib.pyplot as plt
 import mlflow
 import numpy as np
 
-from hvdsync import launch, runs
+from hvdsync import launch
+from hvdsync.launch import runs
 from hvdsync.config import Config
 
 folder = Path(tempfile.mkdtemp(prefix="hvdsync-nb16-"))
@@ -66,7 +67,7 @@ def variants(raw, only_first=False):
     import torch
 
     from hvdsync.config import Config
-    from hvdsync.core.loop import fit_with
+    from hvdsync.fitting import fit_with
     from hvdsync.torch import init
     from hvdsync.torch.train import build
 
@@ -150,7 +151,7 @@ assert not bitwise(first, single) and max_diff(first, single) < 1e-4  # not the 
 # %% [markdown]
 # ## 3 · The record, and `runs reproduce`
 #
-# What the first run recorded, read back from MLflow; then `hvdsync.runs.reproduce` (the function behind
+# What the first run recorded, read back from MLflow; then `hvdsync.launch.runs.reproduce` (the function behind
 # `hvdsync runs reproduce RUN_ID`) starts a fresh pair of workers from the record alone and compares.
 
 # %%

@@ -46,7 +46,8 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core import ring, sparse
+from hvdlab import ring
+from hvdsync.core.comm import sparse
 
 TABLE, DIM, LOOKUPS = 100_000, 16, 300       # the embedding table, and ids looked up per rank per step
 BATCHES, BN_EPOCHS = (2, 16), 1              # per-rank batch sizes for batch norm, epochs over digits
@@ -56,22 +57,22 @@ print(Config.from_dict({"sync": {"sparse": "allgather"}}).sync)
 # %% [markdown]
 # ## 1 · The measurements, in two Horovod jobs
 #
-# The worker functions live in hvdsync (`hvdsync.torch.codesign`, `hvdsync.tensorflow.codesign`,
-# `hvdsync.torch.split`); here they are only called. One job of 2 workers runs the PyTorch measurements and then the
+# The worker functions live in hvdsync (`hvdlab.torch.codesign`, `hvdlab.tensorflow.codesign`,
+# `hvdlab.torch.split`); here they are only called. One job of 2 workers runs the PyTorch measurements and then the
 # TensorFlow ones (batch norm and embeddings; each framework's Horovod module shares the one Horovod started in the
 # worker, so the second framework costs no second start-up), and one PyTorch job of 4 workers runs the split: two
 # pairs, data parallel across them, against plain data parallelism on the same 4 workers.
 
 # %%
 def torch_job(table, dim, lookups, batches, epochs, held_out):
-    from hvdsync.torch import codesign
+    from hvdlab.torch import codesign
 
     return {"embedding": codesign.embedding_exchange(table, dim, lookups, steps=4),
             "bn": codesign.batchnorm_comparison(batches, epochs=epochs, test_fraction=held_out)}
 
 
 def tensorflow_job(table, dim, lookups, batches, epochs, held_out):
-    from hvdsync.tensorflow import codesign
+    from hvdlab.tensorflow import codesign
 
     return {"embedding": codesign.embedding_exchange(table, dim, lookups, steps=4),
             "bn": codesign.batchnorm_comparison(batches, epochs=epochs, test_fraction=held_out)}
@@ -82,7 +83,7 @@ def both_frameworks_job(*args):
 
 
 def split_job():
-    from hvdsync.torch import split
+    from hvdlab.torch import split
 
     return split.model_split_comparison(hidden=512, global_batches=(32, 512), steps=6)
 
@@ -136,7 +137,7 @@ plt.show()
 # A 100,000 × 16 table; each rank looks up 300 ids per step (4 per sample, half of them among 50 popular rows, so ids
 # repeat). `sync.sparse: allgather` coalesces the gradient (one row per distinct id), then hands Horovod int32
 # indices and float32 rows; `dense` hands it the whole table. Every tensor handed over is counted
-# (`WireCounter`), and compared with `hvdsync.core.sparse.exchange_formula`. Both ways start from the same model and
+# (`WireCounter`), and compared with `hvdsync.core.comm.sparse.exchange_formula`. Both ways start from the same model and
 # see the same ids, so their reduced gradients and final parameters must agree.
 
 # %%
@@ -154,7 +155,7 @@ for fw, job in (("torch", pt), ("tensorflow", tf)):
 
 # %% [markdown]
 # The allgather's advantage shrinks as the world grows: every rank *receives* every other rank's rows, while a ring
-# all-reduce moves about twice the table whatever the number of ranks. `hvdsync.core.sparse.crossover_rows` is the
+# all-reduce moves about twice the table whatever the number of ranks. `hvdsync.core.comm.sparse.crossover_rows` is the
 # number of distinct rows per rank where the two meet; past it, densifying is cheaper (and it is the only way with
 # codecs that reshape gradients, such as top-k, which the config enforces).
 
@@ -243,4 +244,4 @@ plt.show()
 #   what pipeline schedules (GPipe, 1F1B) recover. Horovod has no point-to-point send; broadcasts inside a
 #   two-rank process set stand in for it, and process sets (which work with Gloo here) give the data-parallel
 #   groups per stage. The split is a change to the model's code, not a training option: hvdsync measures it
-#   (`hvdsync.torch.split`) rather than offering it as a `sync.mode`.
+#   (`hvdlab.torch.split`) rather than offering it as a `sync.mode`.

@@ -22,7 +22,7 @@
 #
 # `x_r ← Σ_j W[r, j] · x_j  (j ∈ {r−1, r, r+1}),   then   x_r ← x_r − lr · ∇f_r(x_r)`
 #
-# W is the Metropolis matrix of the ring (`hvdsync.core.schemes.gossip.mixing_matrix`): doubly stochastic, so the
+# W is the Metropolis matrix of the ring (`hvdsync.core.comm.schemes.gossip.mixing_matrix`): doubly stochastic, so the
 # ranks' *mean* follows plain SGD while their spread around it, the **consensus distance** (Kong et al., ICML 2021),
 # shrinks at every mixing and grows again with every local step. Each rank sends its parameters to 2 neighbours
 # whatever the world size: the bytes per rank are constant in W. The price: the ranks agree only approximately,
@@ -30,7 +30,7 @@
 #
 # hvdsync runs it for real (`sync.mode: gossip`, `sync.period: H`) with `hvd.alltoall` to the neighbours
 # (`hvdsync/torch/schemes/gossip.py`). With W = 2 both neighbours are the same rank and one mixing is an exact average,
-# so 4, 8 and 16 ranks come from the numpy simulation of the same algorithm (`hvdsync.core.schemes.sim`), whose
+# so 4, 8 and 16 ranks come from the numpy simulation of the same algorithm (`hvdlab.sim`), whose
 # one round is checked against the Horovod one at W = 2 in the test suite.
 
 # %%
@@ -39,10 +39,11 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core import costmodel
-from hvdsync.core.data import digits
-from hvdsync.core.schemes import gossip, sim
-from hvdsync.torch.schemes import train_modes
+from hvdlab import costmodel
+from hvdsync.core.train.data import digits
+from hvdlab import sim
+from hvdsync.core.comm.schemes import gossip
+from hvdlab.torch.modes import train_modes
 
 cfg = Config().replace(train={"np": 2, "epochs": 4, "seed": 2}, data={"batch_size": 32},
                        tracking={"enabled": False})

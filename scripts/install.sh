@@ -22,11 +22,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 py="$VENV/bin/python"
 # Skip pip when these exact pins were already installed into this venv (pip's resolver alone takes ~30 s). The pins
-# are the stamp: every dependency pyproject.toml names is pinned in constraints.txt (tests/unit/test_packaging.py).
+# and pyproject.toml are the stamp: every dependency pyproject.toml names is pinned in constraints.txt
+# (tests/repo/test_packaging.py), and a change of pyproject's package list must reach the editable install.
 # HVDSYNC_EXTRAS picks pyproject's extra: `all` (default, CPU TensorFlow) or `gpu` (the full tensorflow wheel, which
 # Horovod's NCCL build needs); a non-default choice enters the stamp, so switching it re-runs pip.
 extras="${HVDSYNC_EXTRAS:-all}"
-stamp="$VENV/.hvdsync-deps-$( (cat constraints.txt; "$py" --version; [ "$extras" = all ] || echo "$extras") | sha256sum | cut -c1-16)"
+stamp="$VENV/.hvdsync-deps-$( (cat constraints.txt pyproject.toml; "$py" --version; [ "$extras" = all ] || echo "$extras") | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   say "installing hvdsync and its pinned dependencies (first time: a few minutes)"
   # pip's own chatter is kept out of the way; errors still show.

@@ -11,7 +11,7 @@ import yaml
 from hvdsync.config.checks import ConfigError, _import_plugins
 from hvdsync.config.sections import (DataConfig, ElasticConfig, MonitorConfig, SyncConfig, TrackingConfig,
                                      TrainConfig)
-from hvdsync.core.schemes import MODES
+from hvdsync.core.comm.schemes import MODES
 
 @dataclass
 class Config:

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from hvdsync.config.checks import (FRAMEWORKS, LR_SCALING, OPTIMIZERS, PRECISIONS, REDUCE_OPS, ConfigError, _bool,
                                    _choice, _fail, _import_plugins, _int, _number, _registered)
-from hvdsync.core.codecs import get_codec
-from hvdsync.core.scaling import GROWTH_LR_RULES
-from hvdsync.core.schemes import MODES
-from hvdsync.core.shares import SHARE_RULES, parse_growth
-from hvdsync.core.sparse import MODES as SPARSE_MODES
+from hvdsync.core.comm.codecs import get_codec
+from hvdsync.core.train.scaling import GROWTH_LR_RULES
+from hvdsync.core.comm.schemes import MODES
+from hvdsync.core.train.shares import SHARE_RULES, parse_growth
+from hvdsync.core.comm.sparse import MODES as SPARSE_MODES
 
 
 @dataclass
@@ -21,11 +21,11 @@ class SyncConfig:
     Args:
         compression: codec for gradients on the wire, ``name`` or ``name:param``: ``none``, ``fp16``, ``bf16``,
             ``topk:<ratio>``, ``randk:<ratio>`` (ratio in (0, 1]), ``int8``, ``powersgd:<rank>`` (see
-            :mod:`hvdsync.core.codecs`).
+            :mod:`hvdsync.core.comm.codecs`).
         error_feedback: codecs that drop information (top-k, rand-k, int8, PowerSGD) keep what they did not send
             and add it to the next gradient; ``false`` drops it (to see what error feedback buys).
         momentum_correction: with ``topk``/``randk`` and error feedback, SGD's momentum moves from the optimizer into
-            the codec (deep gradient compression's momentum correction and masking; :mod:`hvdsync.core.codecs.sparse`):
+            the codec (deep gradient compression's momentum correction and masking; :mod:`hvdsync.core.comm.codecs.sparse`):
             the residual then holds velocity, not gradient, and delayed values are not amplified by the momentum a
             second time. The optimizer's ``momentum`` (and, in PyTorch, its coupled ``weight_decay``) are set to 0
             and applied by the codec. No effect with other codecs or without momentum.
@@ -38,16 +38,16 @@ class SyncConfig:
             Horovod call after the backward pass (:mod:`hvdsync.torch.grouped`) instead of one hook per tensor during
             it; larger models keep the hooks, whose all-reduces overlap the rest of backward. 25 like DDP's bucket
             (``bucket_cap_mb``); 0 = always the hooks. TensorFlow always reduces in one grouped call.
-        mode: how ranks combine their work (:data:`hvdsync.core.schemes.MODES`): ``allreduce`` (default; ring
+        mode: how ranks combine their work (:data:`hvdsync.core.comm.schemes.MODES`): ``allreduce`` (default; ring
             all-reduce of gradients), ``ps`` (parameter server from Horovod collectives), ``gossip`` (each rank
             averages its parameters with its ring neighbours), ``local_sgd`` (H local steps, then the parameters and
-            optimizer state are averaged; :mod:`hvdsync.core.schemes.local_sgd`).
+            optimizer state are averaged; :mod:`hvdsync.core.comm.schemes.local_sgd`).
         ps_servers: ``ps`` only: number of server ranks owning a shard each; 0 (default) = every rank.
         period: ``gossip`` and ``local_sgd``: average every ``period`` optimizer steps (1 = every step).
         warmup_steps: ``local_sgd`` only: all-reduce the gradients for the first ``warmup_steps`` steps, then go
             local (post-local SGD); 0 = local from the start.
         sparse: how sparse gradients (embedding tables: torch ``nn.Embedding(sparse=True)``, TensorFlow
-            ``IndexedSlices``) are combined (:mod:`hvdsync.core.sparse`): ``dense`` (default; densify and all-reduce,
+            ``IndexedSlices``) are combined (:mod:`hvdsync.core.comm.sparse`): ``dense`` (default; densify and all-reduce,
             Horovod's ``sparse_as_dense``: works with every codec and mode) or ``allgather`` (only the touched rows
             and their indices travel; with ``compression`` none or fp16 and ``mode`` allreduce).
     """
@@ -137,13 +137,13 @@ class DataConfig:
         image_size / image_channels: height (= width) and channels of ``synthetic_images``.
         shares: how each global step is divided among the ranks: ``equal`` (sizes differ by at most one) or
             ``adaptive`` (at every epoch boundary, by each rank's measured throughput, all-gathered: a slow rank
-            reads fewer samples; :mod:`hvdsync.core.shares`).
+            reads fewer samples; :mod:`hvdsync.core.train.shares`).
         batch_growth: ``{epoch: factor}``: from ``epoch`` on the batch is ``factor`` x ``batch_size`` (fewer
             all-reduces per epoch); the learning rate follows ``train.growth_lr``. Empty: a constant batch.
         test_slow_rank / test_slowdown: **for tests and demonstrations only**: rank ``test_slow_rank`` (-1: none)
             stays busy before each compute phase for ``test_slowdown - 1`` times that phase's usual cost of its
             samples, i.e. it computes ``test_slowdown`` times slower, in both frameworks alike (what
-            ``shares: adaptive`` is measured against; :meth:`hvdsync.core.profiling.PhaseTimer.slow_down`).
+            ``shares: adaptive`` is measured against; :meth:`hvdsync.core.telemetry.profiling.PhaseTimer.slow_down`).
     """
 
     dataset: str = "digits"
@@ -199,7 +199,7 @@ class TrainConfig:
         lr_scaling: ``none`` keeps ``lr``; ``linear`` multiplies it by the number of workers (the usual rule when
             the global batch grows with the workers).
         growth_lr: how the learning rate follows ``data.batch_growth``'s factor f: ``sqrt`` (x sqrt(f)),
-            ``linear`` (x f) or ``none`` (:func:`hvdsync.core.scaling.grown_lr`).
+            ``linear`` (x f) or ``none`` (:func:`hvdsync.core.train.scaling.grown_lr`).
         optimizer: ``sgd`` (with ``momentum``) or ``adam``.
         hidden: width of the MLP's hidden layer (the CNN's channels: a multiple of 4).
         seed: the one global seed; per-rank seeds are derived from it.
@@ -335,7 +335,7 @@ class ElasticConfig:
 
 @dataclass
 class MonitorConfig:
-    """Cross-rank checks every ``every`` steps (one small all-gather; see :mod:`hvdsync.core.observe`).
+    """Cross-rank checks every ``every`` steps (one small all-gather; see :mod:`hvdsync.core.telemetry.observe`).
 
     Args:
         every: steps between checks; also the interval of per-step and per-rank metrics. 0 turns both off.

@@ -10,7 +10,7 @@ are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Ho
 """
 import os
 
-from hvdsync.core.quiet import quiet_imports
+from hvdsync.launch.quiet import quiet_imports
 
 # Before TensorFlow's first import (the submodules below import it). TF_CPP_MIN_LOG_LEVEL quiets TensorFlow's own
 # C++ logging (CUDA drivers, CPU features); the lines absl writes while the libraries load, before TensorFlow reads

@@ -6,8 +6,8 @@
     MLflowCallback                     the run in MLflow, written by rank 0 through hvdsync's tracker
 
 :func:`standard_callbacks` returns them in the order that matters (metrics averaged before anything logs them).
-The framework-free parts live in the core: the warm-up rule in :func:`hvdsync.core.scaling.warmup_lr`, the tracker
-in :mod:`hvdsync.core.tracking`; a PyTorch loop uses the same ones.
+The framework-free parts live in the core: the warm-up rule in :func:`hvdsync.core.train.scaling.warmup_lr`, the tracker
+in :mod:`hvdsync.core.telemetry.tracking`; a PyTorch loop uses the same ones.
 
 Example::
 
@@ -23,8 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdsync.core.scaling import warmup_lr
-from hvdsync.core.tracking import Tracker, make_tracker
+from hvdsync.core.train.scaling import warmup_lr
+from hvdsync.core.telemetry.tracking import Tracker, make_tracker
 from hvdsync.tensorflow.optimizer import broadcast_state
 
 
@@ -120,7 +120,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):
     """Raise the learning rate linearly from ``target_lr / hvd.size()`` to ``target_lr`` over the first
-    ``warmup_epochs`` epochs, batch by batch (:func:`hvdsync.core.scaling.warmup_lr`), then leave it at
+    ``warmup_epochs`` epochs, batch by batch (:func:`hvdsync.core.train.scaling.warmup_lr`), then leave it at
     ``target_lr`` (Goyal et al.; Horovod's callback of the same name, without its momentum correction).
 
     Args:
@@ -163,7 +163,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
 
 
 class MLflowCallback(keras.callbacks.Callback):
-    """Record the run in MLflow from rank 0 (other ranks write nothing) through :mod:`hvdsync.core.tracking`:
+    """Record the run in MLflow from rank 0 (other ranks write nothing) through :mod:`hvdsync.core.telemetry.tracking`:
     parameters at the start, every logged metric at each epoch's end, the status at the end. A tracking failure
     warns and never stops training.
 

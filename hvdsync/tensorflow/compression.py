@@ -1,6 +1,6 @@
 """Gradient codecs in TensorFlow: the kernels (:class:`TFOps`) and the reducers the optimizer calls.
 
-The maths of every codec is in :mod:`hvdsync.core.codecs`; here are only TensorFlow kernels and Horovod calls,
+The maths of every codec is in :mod:`hvdsync.core.comm.codecs`; here are only TensorFlow kernels and Horovod calls,
 mirroring ``hvdsync/torch/compression.py``. Both reducers work eagerly and inside ``tf.function``:
 
 * :class:`CastReducer` (``none``, ``fp16``, ``bf16``): one ``hvd.grouped_allreduce`` of the core codec's
@@ -23,8 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdsync.core.runtime import REDUCE_OP_NAMES
-from hvdsync.core.codecs import Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, reduce_all
+from hvdsync.core.train.runtime import REDUCE_OP_NAMES
+from hvdsync.core.comm.codecs import Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, reduce_all
 
 
 def record_on_wire(counter: WireCounter, tensor: tf.Tensor, gradients: int = 1) -> None:
@@ -57,7 +57,7 @@ def record_all_on_wire(counter: WireCounter, tensors: Sequence[tf.Tensor], gradi
 
 
 class TFOps:
-    """:class:`hvdsync.core.codecs.Ops` on TensorFlow tensors; slots are ``tf.Variable``s."""
+    """:class:`hvdsync.core.comm.codecs.Ops` on TensorFlow tensors; slots are ``tf.Variable``s."""
 
     def dtype_name(self, x):
         return x.dtype.name
@@ -251,7 +251,7 @@ def take_sgd_momentum(optimizer, codec: Codec) -> bool:
 def make_reducer(sync, shapes: Sequence[tuple[int, ...]], counter: WireCounter | None = None, seed: int = 0,
                  optimizer=None):
     """The reducer ``sync.compression`` asks for: a :class:`CastReducer` or a :class:`CodecReducer`; both have
-    ``reduce(grads)``, ``counter`` and ``state`` (``None`` or a :class:`~hvdsync.core.codecs.CodecState`).
+    ``reduce(grads)``, ``counter`` and ``state`` (``None`` or a :class:`~hvdsync.core.comm.codecs.CodecState`).
     ``optimizer``: the local Keras optimizer, whose SGD momentum the codec takes under ``sync.momentum_correction``."""
     codec = get_codec(sync.compression)
     if optimizer is not None and sync.momentum_correction and codec.takes_momentum(sync.error_feedback):

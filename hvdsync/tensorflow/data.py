@@ -1,4 +1,4 @@
-"""``tf.data`` by the core plan (:mod:`hvdsync.core.sharding`): the plan's index stream for the user's own pipeline
+"""``tf.data`` by the core plan (:mod:`hvdsync.core.train.sharding`): the plan's index stream for the user's own pipeline
 (:class:`PlanSampler`, also a Keras callback), and a loader over in-memory arrays (:class:`ShardedLoader`)."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdsync.core.loader import PlanLoader
-from hvdsync.core.scaling import grown_lr, loss_scale
-from hvdsync.core.shares import rebalanced
-from hvdsync.core.sharding import ShardPlan, Step
+from hvdsync.core.train.loader import PlanLoader
+from hvdsync.core.train.scaling import grown_lr, loss_scale
+from hvdsync.core.train.shares import rebalanced
+from hvdsync.core.train.sharding import ShardPlan, Step
 from hvdsync.tensorflow.models import constant_learning_rate
 
 
@@ -48,7 +48,7 @@ class PlanSampler(keras.callbacks.Callback):
             then changes between epochs and is not asserted.
         growth_lr: with ``growth``, as a Keras callback the sampler sets the optimizer's learning rate of each
             epoch by this rule (``train.growth_lr``: ``sqrt``, ``linear``, ``none``;
-            :func:`hvdsync.core.scaling.grown_lr`) from the rate it had when ``fit`` first started.
+            :func:`hvdsync.core.train.scaling.grown_lr`) from the rate it had when ``fit`` first started.
 
     A growing batch with Keras' ``fit``: each epoch has fewer batches than the one before, so the stream's length is
     not declared; Keras learns the first epoch's length and ends each later epoch when its pass runs out (the
@@ -57,7 +57,7 @@ class PlanSampler(keras.callbacks.Callback):
 
     Straggler-aware shares: ``rebalance(work_seconds)`` on every rank at an epoch's end (your seconds of reading,
     forward and backward; not the all-reduce wait) gives each rank a share of every later global step
-    proportional to its throughput (:mod:`hvdsync.core.shares`); the weights stay exact. Keras' ``fit`` runs the
+    proportional to its throughput (:mod:`hvdsync.core.train.shares`); the weights stay exact. Keras' ``fit`` runs the
     all-reduce inside its step, so it cannot tell work from the wait: for a Keras model with adaptive shares use ``hs.fit(cfg, model=...)``
     (``data.shares: adaptive``), which measures the phases apart.
 
@@ -126,7 +126,7 @@ class PlanSampler(keras.callbacks.Callback):
     # ---- unequal shares (stragglers) ---------------------------------------------------------------------------
     def set_shares(self, shares) -> None:
         """Each rank's fraction of every global step from the next pass on (``None``: equal); the same on every
-        rank (:mod:`hvdsync.core.shares`)."""
+        rank (:mod:`hvdsync.core.train.shares`)."""
         self.plan = self.plan.with_shares(shares)
 
     def rebalance(self, work_seconds: float, allgather=None) -> tuple[float, ...]:
@@ -209,7 +209,7 @@ class ShardedLoader(PlanLoader):
     """This rank's planned steps as a ``tf.data.Dataset``: one element per optimizer step.
 
     An element is a tuple of ``plan.accumulate`` ``(x, y)`` micro-batches plus the step's ``global_count`` (what
-    :func:`hvdsync.core.scaling.loss_scale` needs). Micro-batches on the last step may be smaller, even empty, so
+    :func:`hvdsync.core.train.scaling.loss_scale` needs). Micro-batches on the last step may be smaller, even empty, so
     the batch dimension is ``None``. Every rank gets the same number of steps and micro-batches, so collectives never
     wait on a rank that ran out of data. Iterating the loader itself yields ``(micro_batches, step)`` pairs, like
     :class:`hvdsync.torch.ShardedLoader`; call ``set_epoch(e)`` before each epoch.

@@ -30,9 +30,9 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdsync.core.elastic import ElasticState, configured_state, run
-from hvdsync.core.elastic_loop import fit_elastic_with
-from hvdsync.core.scaling import scaled_lr
+from hvdsync.elastic import ElasticState, configured_state, run
+from hvdsync.fitting import fit_elastic_with
+from hvdsync.core.train.scaling import scaled_lr
 
 
 def fingerprint(model: keras.Model) -> str:
@@ -42,7 +42,7 @@ def fingerprint(model: keras.Model) -> str:
 
 
 class KerasTensors:
-    """The Keras part of the elastic state (:class:`hvdsync.core.elastic.Tensors`)."""
+    """The Keras part of the elastic state (:class:`hvdsync.core.elastic.state.Tensors`)."""
 
     def __init__(self, model: keras.Model, optimizer) -> None:
         if not optimizer.built:
@@ -159,7 +159,7 @@ def keras_fit(state: ElasticState, model: keras.Model, make_sampler: Callable, l
 
 def fit_elastic(cfg=None, data=None, record_reads: bool = False):
     """hvdsync's built-in Keras model trained elastically: returns this rank's
-    :class:`~hvdsync.core.elastic_loop.ElasticResult`. Runs in each worker of an elastic job."""
+    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job."""
     from hvdsync.tensorflow.runtime import init
     from hvdsync.tensorflow.train import build
 

@@ -12,7 +12,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.core.batchnorm import global_moments
+from hvdsync.core.train.batchnorm import global_moments
 
 
 @keras.saving.register_keras_serializable(package="hvdsync")

@@ -16,8 +16,8 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.core.codecs import WireCounter
-from hvdsync.core.runtime import REDUCE_OP_NAMES
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.tensorflow.compression import make_reducer
 from hvdsync.tensorflow.sparse import add_slices, allgather_rows
 
@@ -61,7 +61,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       own ``gradient_accumulation_steps``): ``accumulate`` batches of ``b`` weigh like one batch of ``accumulate*b``.
     * Phases: ``accumulate(grads)`` per pass, then ``synchronize()`` and ``step()``: the same, with the phases apart
       (the shared loop times them, like PyTorch's ``optimizer.synchronize()``/``step()``); it scales each pass's
-      loss itself (:mod:`hvdsync.core.scaling`) and builds with ``average_accumulated=False``.
+      loss itself (:mod:`hvdsync.core.train.scaling`) and builds with ``average_accumulated=False``.
 
     With ``accumulate=1`` (:attr:`direct`) ``apply_gradients`` all-reduces the gradients it is given and updates at
     once, as a raw Horovod loop does: the sum variables are neither written nor read (they stay zero), so the wrapper
@@ -311,13 +311,13 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         sync: a :class:`~hvdsync.config.SyncConfig` (``compression``, ``accumulate``, ``op``; a ``mode`` other
             than ``allreduce`` returns that mode's optimizer from :mod:`hvdsync.tensorflow.schemes`); the keyword
             arguments below override its fields. Default: hvdsync's defaults.
-        compression: codec on the wire (``"none"``, ``"fp16"``, ``"topk:0.01"``, ...: :mod:`hvdsync.core.codecs`;
+        compression: codec on the wire (``"none"``, ``"fp16"``, ``"topk:0.01"``, ...: :mod:`hvdsync.core.comm.codecs`;
             Horovod's ``hvd.Compression.fp16`` is accepted too).
         sparse: ``IndexedSlices`` gradients (embeddings): ``"dense"`` (Horovod's ``sparse_as_dense``) or
             ``"allgather"`` (the touched rows only; :mod:`hvdsync.tensorflow.sparse`).
         accumulate: backward passes per all-reduce and update (Horovod's ``backward_passes_per_step``).
         op: ``"average"`` (default), ``"sum"``, ``"adasum"``, or Horovod's ``hvd.Average``/``hvd.Sum``/``hvd.Adasum``.
-        counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
+        counter: a :class:`~hvdsync.core.comm.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
         average_accumulated: average the ``accumulate`` passes (Keras' mean-loss convention, the default) or sum
             them (a loop that scales each pass's loss itself).

@@ -12,7 +12,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.core.precision import policy
+from hvdsync.core.train.precision import policy
 
 _KERAS_POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
 

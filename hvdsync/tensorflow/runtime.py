@@ -5,9 +5,9 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.core import seeding
-from hvdsync.core.observe import prepare_timeline
-from hvdsync.core.runtime import WorkerInfo, apply_horovod_env, report_knobs
+from hvdsync.core.train import seeding
+from hvdsync.core.telemetry.observe import prepare_timeline
+from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
 
 def _set_threads(n: int) -> None:
@@ -48,7 +48,7 @@ def init(cfg=None) -> WorkerInfo:
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
     prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
-    # Horovod's knobs from cfg.sync unless the environment sets them (hvdsync.core.runtime), as in hvdsync.torch.init.
+    # Horovod's knobs from cfg.sync unless the environment sets them (hvdsync.core.train.runtime), as in hvdsync.torch.init.
     knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
     hvd.init()
     report_knobs(knobs, hvd.rank())

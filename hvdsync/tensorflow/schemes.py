@@ -5,7 +5,7 @@
 ``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.optimizer.DistributedOptimizer`.
 They *are* that optimizer (a Keras 3 ``Optimizer``) with other ``synchronize``/``step`` phases, so Keras
 ``compile``/``fit``, ``apply_gradients`` in the user's ``tf.function`` step and hvdsync's shared loop work unchanged.
-When to communicate comes from :mod:`hvdsync.core.schemes.local_sgd`; this module only moves tensors.
+When to communicate comes from :mod:`hvdsync.core.comm.schemes.local_sgd`; this module only moves tensors.
 
 * :class:`LocalSGDOptimizer` (``sync.mode: local_sgd``): ``step`` is the local update; every ``sync.period``
   updates it then averages the trainable variables and the optimizer's slot variables (momentum, Adam's moments)
@@ -18,8 +18,8 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.core.codecs import WireCounter
-from hvdsync.core.schemes import local_sgd
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.schemes import local_sgd
 from hvdsync.tensorflow.compression import record_all_on_wire
 from hvdsync.tensorflow.optimizer import DistributedOptimizer
 
@@ -133,20 +133,4 @@ def scheme_optimizer(optimizer: keras.optimizers.Optimizer, sync, counter: WireC
     return SCHEMES[sync.mode](optimizer, sync, counter, average_accumulated)
 
 
-def train_modes(cfg_dict: dict, modes: dict[str, dict], trace: bool = False) -> dict[str, dict]:
-    """Train the same Keras model from the same start once per entry of ``modes`` in this worker (mirrors
-    :func:`hvdsync.torch.schemes.train_modes`; returns :func:`hvdsync.core.schemes.compare.train_modes`).
-
-    Example::
-
-        out = launch.run(train_modes, args=(cfg.to_dict(), {"sync": {}, "h4": {"mode": "local_sgd", "period": 4}}),
-                         np=2)[0]
-    """
-    from hvdsync.core.schemes import compare
-    from hvdsync.tensorflow.runtime import init
-    from hvdsync.tensorflow.train import build
-
-    return compare.train_modes(cfg_dict, modes, init, build, keras.utils.set_random_seed, trace=trace)
-
-
-__all__ = ["SCHEMES", "scheme_optimizer", "LocalSGDOptimizer", "train_modes"]
+__all__ = ["SCHEMES", "scheme_optimizer", "LocalSGDOptimizer"]

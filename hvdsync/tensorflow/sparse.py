@@ -3,14 +3,14 @@
 ``dense`` converts the slices to a dense tensor before the all-reduce (Horovod's ``sparse_as_dense``).
 ``allgather`` adds the slices into the optimizer's gradient sum row by row (no dense conversion), then sends only
 the rows that sum holds, as int32 indices and the rows encoded by the cast codec; every rank adds all ranks' rows
-into a zero table. Mirrors :mod:`hvdsync.torch.sparse`; formulas in :mod:`hvdsync.core.sparse`.
+into a zero table. Mirrors :mod:`hvdsync.torch.sparse`; formulas in :mod:`hvdsync.core.comm.sparse`.
 """
 from __future__ import annotations
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvdsync.core.codecs import WireCounter
+from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.tensorflow.compression import record_on_wire
 
 

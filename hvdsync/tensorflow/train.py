@@ -15,10 +15,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdsync.core import data as datasets
-from hvdsync.core.loop import Callback, FitResult, fit_loop
-from hvdsync.core.profiling import PhaseTimer
-from hvdsync.core.scaling import scaled_lr
+from hvdsync import datasets
+from hvdsync.core.train.loop import Callback, FitResult, fit_loop
+from hvdsync.core.telemetry.profiling import PhaseTimer
+from hvdsync.core.train.scaling import scaled_lr
 from hvdsync.registry import build_model
 from hvdsync.tensorflow.models import constant_learning_rate, local_optimizer
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer
@@ -37,7 +37,7 @@ def _op_determinism() -> bool:
 
 
 class TensorFlowBackend:
-    """The TensorFlow side of :class:`hvdsync.core.loop.Backend`.
+    """The TensorFlow side of :class:`hvdsync.core.train.loop.Backend`.
 
     A step's last backward pass, its all-reduce and its update run as one ``tf.function`` graph (the passes before
     it, with ``accumulate > 1``, one graph each). Each graph call from Python costs about a millisecond of dispatch
@@ -60,7 +60,7 @@ class TensorFlowBackend:
         self.precision = precision if precision is not None else MixedPrecision("fp32")
         optimizer = self.precision.wrap(optimizer)
         # Summed, not averaged, over the accumulated passes: the loop scales each pass's loss by its share of the
-        # global step (hvdsync.core.scaling), so the sum is already the global-step mean.
+        # global step (hvdsync.core.train.scaling), so the sum is already the global-step mean.
         self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed, average_accumulated=False)
         self.precision.attach(self.optimizer)
         self.wire = self.optimizer.counter  # what the optimizer's compressor hands to Horovod
@@ -143,7 +143,7 @@ class TensorFlowBackend:
                 loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
             else:  # the user's loss is the batch mean (Keras' convention): times the batch size it is the sum
                 loss = self.loss(y, logits) * tf.cast(tf.shape(x)[0], tf.float32)
-            # Summed loss times the global-step scale (hvdsync.core.scaling): the optimizer *adds* each pass's
+            # Summed loss times the global-step scale (hvdsync.core.train.scaling): the optimizer *adds* each pass's
             # gradients, so after `accumulate` passes the sum is the gradient of the mean over the whole global step.
             scaled = self.precision.scale_loss(loss * scale)
         return loss, tape.gradient(scaled, self.model.trainable_variables)
@@ -181,7 +181,7 @@ class TensorFlowBackend:
 
     def scale_learning_rate(self, factor: float) -> None:
         """Set the learning rate to ``factor`` times its value at the first call (the growing batch's rule,
-        :class:`hvdsync.core.adaptive.GrowthLearningRate`)."""
+        :class:`hvdsync.core.train.adaptive.GrowthLearningRate`)."""
         rate = constant_learning_rate(self.optimizer)
         if not hasattr(self, "_base_lr"):
             self._base_lr = float(np.asarray(rate))
@@ -231,19 +231,19 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         loss: Callable | None = None, optimizer: keras.optimizers.Optimizer | None = None,
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = ()) -> FitResult:
     """Initialise this TensorFlow worker and train with the shared loop; returns this rank's
-    :class:`~hvdsync.core.loop.FitResult`. The same arguments as :func:`hvdsync.torch.fit` (a ``tf.data`` pipeline of
+    :class:`~hvdsync.core.train.loop.FitResult`. The same arguments as :func:`hvdsync.torch.fit` (a ``tf.data`` pipeline of
     your own goes through Keras' ``fit`` with :class:`~hvdsync.tensorflow.PlanSampler` instead).
 
     Args:
         cfg: a :class:`~hvdsync.config.Config` (default ``Config()``).
-        data: in-memory arrays (:class:`~hvdsync.core.data.Dataset`) instead of the registered ``data.dataset``.
+        data: in-memory arrays (:class:`~hvdsync.core.train.data.Dataset`) instead of the registered ``data.dataset``.
         before_step: ``before_step(epoch, step)`` on every rank before each step.
         model: your Keras model (then ``loss`` is required), e.g. :class:`~hvdsync.tensorflow.CNN`.
         loss: ``loss(y_true, y_pred)`` returning the batch *mean*, e.g.
             ``keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
         optimizer: your *local* Keras optimizer (default: ``train.optimizer`` at the scaled ``train.lr``).
         evaluate: ``evaluate() -> {metric: (sum, count)}`` over this rank's share (default: test accuracy).
-        callbacks: :class:`~hvdsync.core.loop.Callback` objects.
+        callbacks: :class:`~hvdsync.core.train.loop.Callback` objects.
     """
     from hvdsync.config import Config  # here: hvdsync.config imports the core, not the adapters
 

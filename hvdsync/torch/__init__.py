@@ -4,7 +4,7 @@
     CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, Callback, sequential_sgd (the reference),
     elastic_state, run_elastic, fit_elastic
 """
-from hvdsync.core.loop import Callback
+from hvdsync.core.train.loop import Callback
 from hvdsync.torch.compression import CodecCompressor
 from hvdsync.torch.data import LoaderSteps, PlanSampler, ShardedLoader
 from hvdsync.torch.elastic import elastic_state, fit_elastic, run_elastic
@@ -12,7 +12,7 @@ from hvdsync.torch.evaluate import dataset_evaluator
 from hvdsync.torch.layers import SyncBatchNormalization
 from hvdsync.torch.models import CNN, local_optimizer, mlp
 from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
-from hvdsync.torch.reference import global_batches, sequential_sgd
+from hvdlab.torch.reference import global_batches, sequential_sgd
 from hvdsync.torch.runtime import init
 from hvdsync.torch.train import TorchBackend, build, check_same_model, fit
 

@@ -1,11 +1,11 @@
 """Gradient codecs in PyTorch: the kernels (:class:`TorchOps`) and the two ways gradients travel.
 
-The maths of every codec is in :mod:`hvdsync.core.codecs`; here are only torch kernels and Horovod calls.
+The maths of every codec is in :mod:`hvdsync.core.comm.codecs`; here are only torch kernels and Horovod calls.
 
 * Cast codecs (``none``, ``fp16``, ``bf16``) keep the gradient's shape: :class:`CodecCompressor` is Horovod's
   ``compression=`` hook, so ``hvd.DistributedOptimizer`` keeps all-reducing asynchronously from the backward hooks.
   Horovod calls ``compress`` right before the all-reduce, so what it returns is exactly what travels; the
-  :class:`~hvdsync.core.codecs.WireCounter` records it.
+  :class:`~hvdsync.core.comm.codecs.WireCounter` records it.
 * The other codecs (top-k, rand-k, int8, PowerSGD) send other shapes (values and indices, factors), which
   Horovod's hook cannot do. :class:`CodecOptimizer` reduces after the backward pass, in ``synchronize()``, through
   :class:`CodecReducer`: the core's driver runs the codec, and each round's requests become one grouped all-reduce
@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import (Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, mix_seed,
+from hvdsync.core.comm.codecs import (Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, mix_seed,
                                  reduce_all)
 from hvdsync.torch.sparse import densify
 
@@ -32,7 +32,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class TorchOps:
-    """:class:`hvdsync.core.codecs.Ops` on torch tensors; slots are tensors on ``device``, updated in place."""
+    """:class:`hvdsync.core.comm.codecs.Ops` on torch tensors; slots are tensors on ``device``, updated in place."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)

@@ -1,4 +1,4 @@
-"""Data for PyTorch by the core plan (:mod:`hvdsync.core.sharding`): a batch sampler for the user's own ``Dataset``
+"""Data for PyTorch by the core plan (:mod:`hvdsync.core.train.sharding`): a batch sampler for the user's own ``Dataset``
 read by a ``DataLoader``, and a loader over in-memory arrays."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from hvdsync.core.loader import PlanCursor, PlanLoader
-from hvdsync.core.scaling import loss_scale
-from hvdsync.core.sharding import ShardPlan, Step
+from hvdsync.core.train.loader import PlanCursor, PlanLoader
+from hvdsync.core.train.scaling import loss_scale
+from hvdsync.core.train.sharding import ShardPlan, Step
 
 
 class PlanSampler(PlanCursor, Sampler):
@@ -35,7 +35,7 @@ class PlanSampler(PlanCursor, Sampler):
 
     Straggler-aware shares in your own loop: at each epoch's end call ``sampler.rebalance(work_seconds)`` on every
     rank (your seconds of reading, forward and backward; not the wait in ``optimizer.synchronize()``); the next
-    epochs give each rank a share of every global step proportional to its throughput (:mod:`hvdsync.core.shares`),
+    epochs give each rank a share of every global step proportional to its throughput (:mod:`hvdsync.core.train.shares`),
     with the same guarantees.
 
     Example::
@@ -92,7 +92,7 @@ class PlanSampler(PlanCursor, Sampler):
         return super().rebalance(work_seconds, allgather or _allgather)
 
     def scale(self, step: Step) -> float:
-        """The factor for a micro-batch's summed loss in ``step`` (:func:`hvdsync.core.scaling.loss_scale`)."""
+        """The factor for a micro-batch's summed loss in ``step`` (:func:`hvdsync.core.train.scaling.loss_scale`)."""
         return loss_scale(step.global_count, self.plan.world_size, self.op)
 
 
@@ -101,7 +101,7 @@ def _allgather(values: np.ndarray) -> np.ndarray:
 
 
 class LoaderSteps:
-    """A ``DataLoader`` over a :class:`PlanSampler`, as a step source for :func:`hvdsync.core.loop.fit_loop`."""
+    """A ``DataLoader`` over a :class:`PlanSampler`, as a step source for :func:`hvdsync.core.train.loop.fit_loop`."""
 
     def __init__(self, loader: torch.utils.data.DataLoader) -> None:
         sampler = loader.batch_sampler
@@ -123,7 +123,7 @@ class ShardedLoader(PlanLoader):
     """Yields this rank's planned steps of in-memory arrays as tensors: ``(micro_batches, step)`` per step.
 
     ``micro_batches`` is a list of ``plan.accumulate`` ``(x, y)`` tensor pairs (zero-copy views of the numpy
-    arrays); ``step.global_count`` is what :func:`hvdsync.core.scaling.loss_scale` needs. Every rank gets the same
+    arrays); ``step.global_count`` is what :func:`hvdsync.core.train.scaling.loss_scale` needs. Every rank gets the same
     number of steps and micro-batches, so collectives never wait on a rank that ran out of data. Call
     ``set_epoch(e)`` before each epoch (like ``DistributedSampler``). For a ``Dataset`` read by a ``DataLoader``
     use :class:`PlanSampler`.

@@ -2,7 +2,7 @@
 
 Horovod 0.28.1's ``hvd.elastic.TorchState`` works on torch: it deep-copies the model's and optimizer's
 ``state_dict`` on commit, loads them back on restore and broadcasts them from rank 0 on sync. hvdsync uses its
-handlers for exactly that and adds, in the core (:class:`hvdsync.core.elastic.ElasticState`), the shard-plan
+handlers for exactly that and adds, in the core (:class:`hvdsync.core.elastic.state.ElasticState`), the shard-plan
 position, the MLflow run id, codec state, user objects, durable checkpoints and the reset log.
 
 Inside a user's own script (launched with ``horovodrun --host-discovery-script ...``, see
@@ -22,9 +22,9 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.elastic import ElasticState, configured_state, run
-from hvdsync.core.elastic_loop import fit_elastic_with
-from hvdsync.core.scaling import scaled_lr
+from hvdsync.elastic import ElasticState, configured_state, run
+from hvdsync.fitting import fit_elastic_with
+from hvdsync.core.train.scaling import scaled_lr
 
 
 def fingerprint(model: torch.nn.Module) -> str:
@@ -34,7 +34,7 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 
 class TorchTensors:
-    """The torch part of the elastic state (:class:`hvdsync.core.elastic.Tensors`).
+    """The torch part of the elastic state (:class:`hvdsync.core.elastic.state.Tensors`).
 
     The model goes through Horovod's ``TorchState`` handler (a deep copy of its ``state_dict`` in host memory,
     broadcast from rank 0 on sync). The optimizer is handled here, because Horovod's handler only recognises a
@@ -138,13 +138,13 @@ def _reset() -> None:
 
 
 def run_elastic(func: Callable, state: ElasticState) -> Any:
-    """Run ``func(state)`` elastically on torch (see :func:`hvdsync.core.elastic.run`)."""
+    """Run ``func(state)`` elastically on torch (see :func:`hvdsync.core.elastic.state.run`)."""
     return run(func, state, _reset)
 
 
 def fit_elastic(cfg=None, data=None, record_reads: bool = False):
     """hvdsync's built-in model trained elastically (``hvdsync train --elastic``): returns this rank's
-    :class:`~hvdsync.core.elastic_loop.ElasticResult`. Runs in each worker of an elastic job."""
+    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job."""
     from hvdsync.torch.runtime import init
     from hvdsync.torch.train import build
 

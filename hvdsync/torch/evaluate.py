@@ -7,12 +7,12 @@ import horovod.torch as hvd
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from hvdsync.core.shares import share_slice
+from hvdsync.core.train.shares import share_slice
 
 
 def dataset_evaluator(model: torch.nn.Module, dataset, batch_size: int = 256, device: torch.device | None = None,
                       shares: Callable[[], Sequence[float] | None] = lambda: None) -> Callable[[], dict]:
-    """``evaluate()`` for :func:`hvdsync.core.loop.fit_loop`: accuracy of ``model`` (argmax of its outputs) on the
+    """``evaluate()`` for :func:`hvdsync.core.train.loop.fit_loop`: accuracy of ``model`` (argmax of its outputs) on the
     ``(input, label)`` samples of ``dataset``. Each rank scores its contiguous part, cut by ``shares()`` (the shares
     of the training steps in force, ``None`` for equal: a slow rank scores fewer, as it trains on fewer); it returns
     ``{"test_accuracy": (correct, count)}`` and the loop sums both over ranks, so the figure is over the whole set."""

@@ -23,7 +23,7 @@ from typing import Iterable
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.runtime import REDUCE_OP_NAMES
+from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, LocalOptimizerView
 from hvdsync.torch.sparse import densify
 

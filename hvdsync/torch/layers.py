@@ -3,7 +3,7 @@
 Horovod's own ``horovod.torch.SyncBatchNorm`` only runs on GPU tensors; this one runs on CPU and GPU, and mirrors
 :class:`hvdsync.tensorflow.layers.SyncBatchNormalization`: each rank all-reduces (sum) its per-channel
 ``[sum, sum of squares, count]`` once per call and normalises with the global mean and variance
-(:func:`hvdsync.core.batchnorm.global_moments`). Horovod's allreduce is differentiable (its backward all-reduces
+(:func:`hvdsync.core.train.batchnorm.global_moments`). Horovod's allreduce is differentiable (its backward all-reduces
 the incoming gradients), so gradients flow to every rank's inputs without a hand-written backward.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
-from hvdsync.core.batchnorm import global_moments
+from hvdsync.core.train.batchnorm import global_moments
 
 
 class SyncBatchNormalization(nn.BatchNorm1d):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import WireCounter, get_codec
-from hvdsync.core.runtime import REDUCE_OP_NAMES
+from hvdsync.core.comm.codecs import WireCounter, get_codec
+from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
 from hvdsync.torch.grouped import GroupedOptimizer, groups_after_backward
 from hvdsync.torch.sparse import use_sparse_allgather
@@ -34,13 +34,13 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         model: the model; its parameter names label Horovod's tensors (which helps in timelines). Optional for
             cast codecs; the codecs that change a gradient's shape and the other sync modes need it.
         sync: a :class:`~hvdsync.config.SyncConfig` (optional; the keyword arguments below win over it).
-        compression: codec on the wire (``none``, ``fp16``, ``topk:0.01``, ...; :mod:`hvdsync.core.codecs`).
+        compression: codec on the wire (``none``, ``fp16``, ``topk:0.01``, ...; :mod:`hvdsync.core.comm.codecs`).
         accumulate: backward passes per all-reduce (Horovod's ``backward_passes_per_step``: gradients are summed
             locally and all-reduced once per ``accumulate`` passes).
         op: ``average``, ``sum`` or ``adasum``.
         sparse: sparse gradients (``nn.Embedding(sparse=True)``): ``dense`` (Horovod's ``sparse_as_dense``) or
             ``allgather`` (the touched rows only; :mod:`hvdsync.torch.sparse`).
-        counter: a :class:`~hvdsync.core.codecs.WireCounter` that records what is handed to Horovod.
+        counter: a :class:`~hvdsync.core.comm.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
     Gradients that total at most ``sync.grouped_mb`` MiB (default 25, DDP's bucket) are all-reduced in one grouped

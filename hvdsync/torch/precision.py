@@ -22,7 +22,7 @@ import contextlib
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.precision import policy
+from hvdsync.core.train.precision import policy
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core import seeding
-from hvdsync.core.observe import prepare_timeline
-from hvdsync.core.runtime import WorkerInfo, apply_horovod_env, report_knobs
+from hvdsync.core.train import seeding
+from hvdsync.core.telemetry.observe import prepare_timeline
+from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
 
 def init(cfg=None) -> WorkerInfo:

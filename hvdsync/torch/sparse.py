@@ -4,7 +4,7 @@
 counted like any gradient). ``allgather`` replaces Horovod's own sparse path, which sends the uncoalesced
 gradient (one row per lookup, duplicates included, int64 indices) past the compression hook, so nothing counts
 it: here each rank coalesces first (one row per distinct index), sends int32 indices and the rows encoded by the
-cast codec, and every byte is recorded. Formulas: :mod:`hvdsync.core.sparse`.
+cast codec, and every byte is recorded. Formulas: :mod:`hvdsync.core.comm.sparse`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import types
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import WireCounter
+from hvdsync.core.comm.codecs import WireCounter
 
 
 def sparse_allgather_async(grad: torch.Tensor, name: str, average: bool, compressor, counter: WireCounter):

@@ -1,5 +1,5 @@
 """``fit`` for PyTorch: the user's model, loss, optimizer and data (or hvdsync's registered ones) driven by the
-shared loop (:func:`hvdsync.core.loop.fit_loop`) through a :class:`TorchBackend`.
+shared loop (:func:`hvdsync.core.train.loop.fit_loop`) through a :class:`TorchBackend`.
 
 Launch with hvdsync's launcher (``hvdsync train --framework torch --np 2``) or inside any Horovod job::
 
@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from hvdsync.core import data as datasets
-from hvdsync.core import seeding
-from hvdsync.core.codecs import WireCounter
-from hvdsync.core.loop import Callback, FitResult, fit_loop
-from hvdsync.core.profiling import PhaseTimer
-from hvdsync.core.scaling import scaled_lr
-from hvdsync.core.sharding import PlanState
+from hvdsync import datasets
+from hvdsync.core.train import seeding
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.train.loop import Callback, FitResult, fit_loop
+from hvdsync.core.telemetry.profiling import PhaseTimer
+from hvdsync.core.train.scaling import scaled_lr
+from hvdsync.core.train.sharding import PlanState
 from hvdsync.registry import build_model
 from hvdsync.torch.data import LoaderSteps, PlanSampler
 from hvdsync.torch.evaluate import dataset_evaluator
@@ -52,7 +52,7 @@ def check_same_model(model: torch.nn.Module) -> None:
 
 
 class TorchBackend:
-    """The PyTorch side of :class:`hvdsync.core.loop.Backend`: any ``nn.Module``, loss and local optimizer.
+    """The PyTorch side of :class:`hvdsync.core.train.loop.Backend`: any ``nn.Module``, loss and local optimizer.
 
     Args:
         model: the model.
@@ -108,7 +108,7 @@ class TorchBackend:
                 x, y = self._to_device(x), self._to_device(y)
                 with self.precision.autocast():
                     loss = self.loss(self.model(x), y)
-                # The loss is the micro-batch's mean: times n it is the sum, times `scale` (hvdsync.core.scaling)
+                # The loss is the micro-batch's mean: times n it is the sum, times `scale` (hvdsync.core.train.scaling)
                 # each sample weighs 1 / (samples in the global step). Backward passes *add* into .grad, so after
                 # all micro-batches the gradient is the mean over the whole global step, also on a short last step.
                 self.precision.backward(loss * (n * scale))
@@ -123,7 +123,7 @@ class TorchBackend:
 
     def scale_learning_rate(self, factor: float) -> None:
         """Set every parameter group's learning rate to ``factor`` times its rate at the first call (the growing
-        batch's rule, :class:`hvdsync.core.adaptive.GrowthLearningRate`)."""
+        batch's rule, :class:`hvdsync.core.train.adaptive.GrowthLearningRate`)."""
         if not hasattr(self, "_base_lrs"):
             self._base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         for group, base in zip(self.optimizer.param_groups, self._base_lrs):
@@ -184,14 +184,14 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         loss: Loss | None = None, optimizer: torch.optim.Optimizer | None = None, train=None, test=None,
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
         num_workers: int = 0) -> FitResult:
-    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.loop.FitResult`.
+    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.train.loop.FitResult`.
 
     With no model or data given it trains what ``cfg`` names (``train.model`` on ``data.dataset``, from
     :mod:`hvdsync.registry`; default: the MLP on digits). With your own pieces:
 
     Args:
         cfg: a :class:`~hvdsync.config.Config` (default ``Config()``): batch size, accumulation, epochs, sync, tracking.
-        data: in-memory arrays (:class:`~hvdsync.core.data.Dataset`) instead of the registered data set.
+        data: in-memory arrays (:class:`~hvdsync.core.train.data.Dataset`) instead of the registered data set.
         before_step: ``before_step(epoch, step)`` on every rank before each step.
         model: your ``nn.Module`` (then ``loss`` is required).
         loss: ``loss(outputs, targets)`` returning the batch *mean*, e.g. ``nn.CrossEntropyLoss(label_smoothing=0.1)``.
@@ -200,7 +200,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
             ``num_workers``), or your ``DataLoader`` built with ``batch_sampler=PlanSampler(...)``.
         test: a ``Dataset`` of ``(input, label)`` scored for ``test_accuracy`` after each epoch.
         evaluate: instead of ``test``, ``evaluate() -> {metric: (sum, count)}`` over this rank's share.
-        callbacks: :class:`~hvdsync.core.loop.Callback` objects.
+        callbacks: :class:`~hvdsync.core.train.loop.Callback` objects.
         resume: a plan position (``PlanSampler.state_dict()``, ``FitResult.plan_state``) to continue from.
 
     Example:

@@ -53,7 +53,7 @@ DEFAULT_TIMEOUT = 300
 # Notebooks the suite does not execute, each with its reason. Empty: every notebook runs.
 NOT_EXECUTED: dict[str, str] = {}
 
-# Ways of starting processes that a notebook must not use: workers are started by hvdsync.launch.
+# Ways of starting processes that a notebook must not use: workers are started by hvdsync.launch.local.
 SHELLING_OUT = re.compile(r"subprocess|os\.system|os\.popen|Popen|horovodrun|mpirun|^\s*!|^%%(ba)?sh|%system|"
                           r"get_ipython\(\)\.system", re.M)
 
@@ -153,7 +153,7 @@ def test_notebook_follows_its_guide_section(stem):
 @pytest.mark.parametrize("stem", STEMS)
 def test_workers_are_started_only_through_hvdsync(stem):
     code = _code(_read_ipynb(stem))
-    assert re.search(r"launch\.(run|train|train_many)\(", code), f"{stem}: start Horovod workers with hvdsync.launch"
+    assert re.search(r"launch\.(run|train|train_many)\(", code), f"{stem}: start Horovod workers with hvdsync.launch.local"
     assert not SHELLING_OUT.search(code), f"{stem}: {SHELLING_OUT.search(code).group(0)!r}: no hand-built commands"
 
 

@@ -1,7 +1,7 @@
 """Runs inside 2 Horovod workers (sent by value): mixed precision's rank-consistent skip, for either framework.
 
 tests/parallel/test_codecs.py asserts on the numbers; the codecs' training runs go through
-``hvdsync.launch.train_many`` (one worker job for all codecs).
+``hvdsync.launch.local.train_many`` (one worker job for all codecs).
 """
 import importlib
 
@@ -13,10 +13,10 @@ def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: i
     (:meth:`MixedPrecision.inject_overflow`). Returns, per compression, every step's loss scale, whether it stepped,
     the parameter change and the spread of parameter fingerprints across ranks."""
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core import monitor
-    from hvdsync.core.scaling import loss_scale
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync import datasets
+    from hvdsync.core.telemetry import monitor
+    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train.sharding import ShardPlan
 
     adapter = importlib.import_module(f"hvdsync.{framework}")
     out = {}
@@ -52,10 +52,10 @@ def accumulate_checks(framework: str, compressions=("topk:0.01", "powersgd:2"), 
     Returns, per compression, the largest parameter difference, the codec's own step counter (top-k) and the
     number of reductions counted on the wire, for accumulate 2."""
     from hvdsync.config import Config
-    from hvdsync.core import data as datasets
-    from hvdsync.core.codecs import codec_state_of
-    from hvdsync.core.scaling import loss_scale
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync import datasets
+    from hvdsync.core.comm.codecs import codec_state_of
+    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train.sharding import ShardPlan
 
     adapter = importlib.import_module(f"hvdsync.{framework}")
     out = {}
@@ -108,7 +108,7 @@ def configs(framework: str) -> list[dict]:
 def all_checks(framework: str) -> dict:
     """One worker job per framework: every codec trains digits (ranks compared after every step), then the
     forced-overflow and accumulation checks."""
-    from hvdsync.launch import fit_many
+    from hvdsync.launch.worker import fit_many
 
     return {"runs": fit_many(configs(framework), check_every_step=True), "overflow": overflow_checks(framework),
             "accumulate": accumulate_checks(framework)}

@@ -27,8 +27,8 @@ def torch_modes() -> dict:
     from torch import nn
 
     from hvdsync.config import Config
-    from hvdsync.core import sparse
-    from hvdsync.torch.codesign import EmbeddingRegressor, _spread
+    from hvdsync.core.comm import sparse
+    from hvdlab.torch.codesign import EmbeddingRegressor, _spread
     from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
 
     out = {}
@@ -55,9 +55,9 @@ def keras_fit(steps: int) -> dict:
     import numpy as np
 
     import hvdsync.tensorflow as hs
-    from hvdsync.core import sparse
-    from hvdsync.core.codecs import WireCounter
-    from hvdsync.tensorflow.codesign import _spread, embedding_model
+    from hvdsync.core.comm import sparse
+    from hvdsync.core.comm.codecs import WireCounter
+    from hvdlab.tensorflow.codesign import _spread, embedding_model
 
     keras.utils.set_random_seed(0)
     model = embedding_model(100_000, 16)

@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from hvdsync import elastic_launch
+from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
-from hvdsync.launch import WorkerError
+from hvdsync.launch.local import WorkerError
 
 HOSTS = elastic_launch.local_hosts()
 

@@ -14,7 +14,7 @@ def _train(sync_fields, x, y, steps, lr, named=True, accumulate=1):
     import torch.nn.functional as F
 
     from hvdsync.config import SyncConfig
-    from hvdsync.core.codecs import WireCounter
+    from hvdsync.core.comm.codecs import WireCounter
     from hvdsync.torch import CNN, broadcast_state, distributed_optimizer
 
     torch.manual_seed(0)
@@ -45,7 +45,7 @@ def _fit(grouped_mb, x, y, steps, lr):
 
     import hvdsync.torch as hs
     from hvdsync.config import Config
-    from hvdsync.core.data import Dataset
+    from hvdsync.core.train.data import Dataset
 
     cfg = Config.from_dict({"sync": {"grouped_mb": grouped_mb}, "tracking": {"enabled": False},
                             "data": {"batch_size": len(x) // (2 * steps), "shuffle": False},

@@ -14,9 +14,9 @@ def keras_fit(cfg_dict: dict) -> dict:
     import tensorflow as tf
 
     from hvdsync.config import Config
-    from hvdsync.core import monitor
-    from hvdsync.core.data import load
-    from hvdsync.core.elastic_loop import RUN_DIR_ENV, inject_fault
+    from hvdsync.core.telemetry import monitor
+    from hvdsync.datasets import load
+    from hvdsync.core.elastic.loop import RUN_DIR_ENV, inject_fault
 
     run_dir, host = Path(os.environ[RUN_DIR_ENV]), os.environ.get("HOROVOD_HOSTNAME", "localhost")
     (run_dir / "pids").mkdir(exist_ok=True)

@@ -51,7 +51,7 @@ def run_torch():
     import horovod.torch as hvd
 
     from hvdsync.config import Config
-    from hvdsync.torch.schemes import train_modes
+    from hvdlab.torch.modes import train_modes
 
     runs = train_modes(Config.from_dict(BASE).to_dict(), MODES, trace=True)
     for r in runs.values():
@@ -63,7 +63,7 @@ def run_tensorflow():
     import horovod.tensorflow as hvd
 
     from hvdsync.config import Config
-    from hvdsync.tensorflow.schemes import train_modes
+    from hvdlab.tensorflow.modes import train_modes
 
     runs = train_modes(Config.from_dict({**BASE, "train": {**BASE["train"], "framework": "tensorflow"}}).to_dict(),
                        MODES, trace=True)

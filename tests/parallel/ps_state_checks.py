@@ -51,7 +51,7 @@ def _steps(backend, loader, state, n: int, commit: bool = False) -> None:
     rank 0 checkpointing, every ``elastic.commit_every``)."""
     import horovod.torch as hvd
 
-    from hvdsync.core.scaling import loss_scale
+    from hvdsync.core.train.scaling import loss_scale
 
     for i, (micro, step) in enumerate(loader.epoch_steps(0, loader.start)):
         if i == n:
@@ -70,8 +70,8 @@ def _run(data, opt_name: str, ckpt: Path, k: int, *, seed: int, servers: int = 0
     import horovod.torch as hvd
     import torch
 
-    from hvdsync.core.loader import PlanLoader
-    from hvdsync.core.loop import plan_for
+    from hvdsync.core.train.loader import PlanLoader
+    from hvdsync.core.train.loop import plan_for
     from hvdsync.registry import build_model
     from hvdsync.torch.elastic import elastic_state
     from hvdsync.torch.train import build
@@ -110,7 +110,7 @@ def same_world(root: str, k: int = 8) -> dict:
     """On 2 workers: uninterrupted runs, resumes at the same world (into 2 shards, 1 shard, plain all-reduce), a
     restore after uncommitted steps, and the control without optimizer state."""
     from hvdsync.config import Config
-    from hvdsync.core.data import load
+    from hvdsync.datasets import load
     from hvdsync.torch.runtime import init
 
     cfg = Config.from_dict({"tracking": {"enabled": False}})
@@ -139,7 +139,7 @@ def same_world(root: str, k: int = 8) -> dict:
 def other_world(root: str, k: int = 8) -> dict:
     """On 1 worker: resume the checkpoints written by 2 workers (2 shards become 1)."""
     from hvdsync.config import Config
-    from hvdsync.core.data import load
+    from hvdsync.datasets import load
     from hvdsync.torch.runtime import init
 
     cfg = Config.from_dict({"tracking": {"enabled": False}, "train": {"np": 1}})

@@ -37,8 +37,8 @@ def run_checks(epochs=3, batch=32, hidden=32, lr=0.1, seed=5):
     import horovod.torch as hvd
 
     from hvdsync.config import Config
-    from hvdsync.torch.measure import collective_times
-    from hvdsync.torch.schemes import train_modes
+    from hvdlab.torch.measure import collective_times
+    from hvdlab.torch.modes import train_modes
 
     base = Config.from_dict({"train": {"seed": seed, "epochs": epochs, "hidden": hidden, "lr": lr},
                              "data": {"batch_size": batch}, "tracking": {"enabled": False}})
@@ -64,7 +64,7 @@ def _big_pushes(rank, size, nbytes=64 * 2**20, rounds=8):
     """
     import torch
 
-    from hvdsync.core.schemes.ps import push_splits
+    from hvdsync.core.comm.schemes.ps import push_splits
     from hvdsync.torch.schemes.ps import push
 
     x = torch.full((nbytes // 4,), float(rank + 1))

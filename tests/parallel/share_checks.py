@@ -33,7 +33,7 @@ def _summary(result, counter, allgather, lrs):
 
 
 def _read_counter(reads, test_reads):
-    from hvdsync.core.loop import Callback
+    from hvdsync.core.train.loop import Callback
 
     class PerEpoch(Callback):
         """Keeps each epoch's read counts (training samples; test samples scored, after the epoch's evaluation)
@@ -53,7 +53,7 @@ def _read_counter(reads, test_reads):
 
 def _growth_run(fit, lr_of):
     """The built-in MLP on digits with the batch doubling at epoch 1 and again at 2: rounds, accuracy, lr."""
-    from hvdsync.core.loop import Callback
+    from hvdsync.core.train.loop import Callback
 
     class LearningRates(Callback):
         def __init__(self):
@@ -75,7 +75,7 @@ def torch_checks():
     from torch.utils.data import DataLoader
 
     import hvdsync.torch as ht
-    from hvdsync.core.data import digits
+    from hvdsync.core.train.data import digits
 
     data = digits(seed=0)
     n = len(data.x_train)
@@ -134,12 +134,12 @@ def tf_checks():
     import keras
     import tensorflow as tf
 
-    from hvdsync.core.data import digits
+    from hvdsync.core.train.data import digits
 
     data = digits(seed=0)
     n = len(data.x_train)
     reads = np.zeros(n, dtype=np.int64)
-    from hvdsync.core.loop import Callback
+    from hvdsync.core.train.loop import Callback
 
     test_reads = np.zeros(len(data.x_test), dtype=np.int64)
     test_rows = {row.tobytes(): i for i, row in enumerate(data.x_test)}
@@ -199,7 +199,7 @@ def _keras_growth_run(data, gather):
     import tensorflow as tf
 
     import hvdsync.tensorflow as hs
-    from hvdsync.core.monitor import fingerprint, spread
+    from hvdsync.core.telemetry.monitor import fingerprint, spread
     from hvdsync.tensorflow.callbacks import BroadcastGlobalVariablesCallback
 
     cfg = _config(batch_growth={1: 2, 2: 4})

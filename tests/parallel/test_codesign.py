@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hvdsync import launch
-from hvdsync.core import sparse
+from hvdsync.core.comm import sparse
 from tests.parallel import codesign_checks
 
 cloudpickle.register_pickle_by_value(codesign_checks)

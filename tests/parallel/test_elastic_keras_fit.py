@@ -4,8 +4,8 @@ keras_elastic_checks.py), the survivor restores the commit of step 6 and fits on
 import cloudpickle
 import pytest
 
-from hvdsync import elastic_launch
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.launch import elastic as elastic_launch
+from hvdsync.core.train.sharding import ShardPlan
 from tests.parallel import elastic_jobs, keras_elastic_checks
 
 cloudpickle.register_pickle_by_value(keras_elastic_checks)

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdsync import elastic_launch
-from hvdsync.launch import WorkerError
+from hvdsync.launch import elastic as elastic_launch
+from hvdsync.launch.local import WorkerError
 from tests.parallel import elastic_jobs
 
 BIN = Path(sys.executable).parent

@@ -7,7 +7,7 @@ import pytest
 
 from hvdsync import launch
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.workers import Workers
+from hvdsync.launch.workers import Workers
 
 
 def report_env():

@@ -9,7 +9,7 @@ import cloudpickle
 import pytest
 
 from hvdsync import launch
-from hvdsync.core.schemes import local_sgd
+from hvdsync.core.comm.schemes import local_sgd
 from tests.parallel import local_sgd_checks
 
 cloudpickle.register_pickle_by_value(local_sgd_checks)

@@ -11,9 +11,9 @@ import pytest
 
 from hvdsync import launch
 from hvdsync.config import SyncConfig
-from hvdsync.core import timeline
-from hvdsync.core.schemes import gossip, ps
-from hvdsync.torch import overlap
+from hvdsync.core.telemetry import timeline
+from hvdsync.core.comm.schemes import gossip, ps
+from hvdlab.torch import overlap
 from tests.parallel import scheme_checks
 
 cloudpickle.register_pickle_by_value(scheme_checks)
@@ -55,7 +55,7 @@ def test_bytes_through_rank_0_single_server_vs_sharded_vs_ring_counted(checks):
     for r in runs:
         assert r["ps_sharded"]["traffic"]["sent"] == pytest.approx(2 * (2 - 1) / 2 * payload * steps, rel=0.01)
     # With W = 2 the single server moves 1x (= W - 1) a sharded rank's bytes; the W = 4, 8 ratios are in the
-    # numpy tests (tests/unit/test_schemes.py), counted the same way (hvdsync.core.schemes.ps.traffic).
+    # numpy tests (tests/unit/test_schemes.py), counted the same way (hvdsync.core.comm.schemes.ps.traffic).
     assert single0["sent"] + single0["received"] == pytest.approx(
         (2 - 1) * (runs[0]["ps_sharded"]["traffic"]["sent"] + runs[0]["ps_sharded"]["traffic"]["received"]), rel=0.01)
 

@@ -47,7 +47,7 @@ def test_the_slow_rank_gets_fewer_samples_after_the_first_epoch(checks):
 
 
 def test_the_evaluation_scores_every_test_sample_once_cut_by_the_shares_in_force(checks):
-    from hvdsync.core.shares import split_counts
+    from hvdsync.core.train.shares import split_counts
 
     r = checks[0]
     assert all(set(epoch) == {1} for epoch in r["test_reads_per_epoch"])   # counted where the samples are read

@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from hvdsync.launch import horovod_frameworks, run
+from hvdsync.launch.local import horovod_frameworks, run
 from tests.parallel import tf_checks
 
 REPO = Path(__file__).resolve().parents[2]

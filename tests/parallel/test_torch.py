@@ -123,7 +123,7 @@ def test_cli_trains_digits_with_fp16_and_accumulation_and_records_the_run(tmp_pa
     assert run.data.params["sync.compression"] == "fp16" and run.data.params["world_size"] == "2"
     assert run.data.params["sync.cache_capacity"] == "512"  # the value that applied, not the config's 1024
     assert run.data.metrics["final_test_accuracy"] == pytest.approx(result["test_accuracy"])
-    from hvdsync.core.tracking import EPOCH_METRICS, FINAL_METRICS
+    from hvdsync.core.telemetry.tracking import EPOCH_METRICS, FINAL_METRICS
 
     assert set(EPOCH_METRICS + FINAL_METRICS) <= set(run.data.metrics)  # + per-step, per-rank, system metrics
     assert {"rank/0/loss", "rank/1/loss", "step/comm_share", "monitor/param_spread"} <= set(run.data.metrics)

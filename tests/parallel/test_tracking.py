@@ -23,9 +23,10 @@ import cloudpickle
 import mlflow
 import pytest
 
-from hvdsync import cli, launch
-from hvdsync.core import monitor
-from hvdsync.core.spool import Spool
+from hvdsync.launch import cli
+from hvdsync import launch
+from hvdsync.core.telemetry import monitor
+from hvdsync.core.telemetry.spool import Spool
 from tests.parallel import tracking_checks
 
 cloudpickle.register_pickle_by_value(tracking_checks)
@@ -48,7 +49,7 @@ class Server:
         self.proc = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "hvdsync.cli", "runs", "ui", "--tracking-uri", f"sqlite:///{self.folder}/s.db",
+        cmd = [sys.executable, "-m", "hvdsync.launch.cli", "runs", "ui", "--tracking-uri", f"sqlite:///{self.folder}/s.db",
                "--artifacts-destination", str(self.folder / "artifacts"), "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=open(self.folder / "server.log", "a"), stderr=subprocess.STDOUT,
                                      start_new_session=True)

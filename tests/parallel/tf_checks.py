@@ -21,7 +21,7 @@ def _config(batch_size: int, **sync):
 
 
 def _dataset(n: int):
-    from hvdsync.core.data import Dataset
+    from hvdsync.core.train.data import Dataset
 
     rng = np.random.default_rng([SEED, n])
     x = rng.normal(size=(n, FEATURES)).astype(np.float32)
@@ -59,9 +59,9 @@ def check_fit(n: int, batch_size: int, accumulate: int, epochs: int, compression
     """The shared loop with the TensorFlow backend vs the plain-Keras reference on the same samples."""
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.loop import Callback, fit_loop
-    from hvdsync.core.sharding import ShardPlan
-    from hvdsync.core.tracking import Tracker
+    from hvdsync.core.train.loop import Callback, fit_loop
+    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.telemetry.tracking import Tracker
     from hvdsync.tensorflow import build, init
 
     cfg = _config(batch_size=batch_size, accumulate=accumulate, compression=compression)
@@ -105,9 +105,9 @@ def check_phases(n: int = 160, batch_size: int = 8, warmup: int = 2) -> dict:
 
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.loop import Callback, fit_loop
-    from hvdsync.core.profiling import PHASES
-    from hvdsync.core.tracking import Tracker
+    from hvdsync.core.train.loop import Callback, fit_loop
+    from hvdsync.core.telemetry.profiling import PHASES
+    from hvdsync.core.telemetry.tracking import Tracker
     from hvdsync.tensorflow import build, init
 
     cfg = _config(batch_size=batch_size).replace(train={"epochs": 1})
@@ -168,8 +168,8 @@ def check_apply_gradients(n: int = 64, batch_size: int = 8, accumulate: int = 4)
     import keras
     import tensorflow as tf
 
-    from hvdsync.core.scaling import loss_scale
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train.sharding import ShardPlan
     from hvdsync.tensorflow import broadcast_state, distributed_optimizer, init, mlp
 
     cfg = _config(batch_size=batch_size, accumulate=accumulate)
@@ -208,7 +208,7 @@ def check_broadcast() -> dict:
     import keras
     import tensorflow as tf
 
-    from hvdsync.core.monitor import fingerprint, spread
+    from hvdsync.core.telemetry.monitor import fingerprint, spread
     from hvdsync.tensorflow import broadcast_state, mlp
 
     hvd.init()  # idempotent: each check also runs on its own
@@ -275,7 +275,7 @@ def check_loader(n: int = 101, batch_size: int = 8, accumulate: int = 3) -> dict
     """The tf.data pipeline yields exactly the plan's micro-batches (uneven, even empty, on the last step)."""
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.sharding import ShardPlan
+    from hvdsync.core.train.sharding import ShardPlan
     from hvdsync.tensorflow import ShardedLoader
 
     hvd.init()
@@ -337,7 +337,7 @@ def check_keras_fit(n: int, accumulate: int = 1, epochs: int = 2, steps_per_exec
     import tensorflow as tf
 
     from hvdsync.config import Config
-    from hvdsync.core.monitor import fingerprint, spread
+    from hvdsync.core.telemetry.monitor import fingerprint, spread
     from hvdsync.tensorflow import PlanSampler, distributed_optimizer, init, mlp
     from hvdsync.tensorflow.callbacks import (BroadcastGlobalVariablesCallback, LearningRateWarmupCallback,
                                               MetricAverageCallback, MLflowCallback)
@@ -379,7 +379,7 @@ def check_keras_fit(n: int, accumulate: int = 1, epochs: int = 2, steps_per_exec
            "direct": opt.direct, "passes": int(opt._passes.numpy()),
            "sums_written": any(bool(np.any(s.numpy())) for s in opt.gradient_sums)}
     if hvd.rank() == 0:
-        from hvdsync.core.sharding import ShardPlan
+        from hvdsync.core.train.sharding import ShardPlan
 
         plan = ShardPlan(n, hvd.size(), 8, 1, SEED, True)
         out.update(max_diff=_max_diff(params, reference(start, data, plan, epochs)), moved=_max_diff(params, start))

@@ -41,7 +41,7 @@ def run_checks(seed=5, batch=16, accumulate=2, epochs=4):
 
     import hvdsync.torch as ht
     from hvdsync.config import Config
-    from hvdsync.core.data import digits
+    from hvdsync.core.train.data import digits
 
     cfg = Config.from_dict({"data": {"batch_size": batch}, "sync": {"accumulate": accumulate},
                             "train": {"seed": seed, "epochs": epochs, "lr": 0.05, "momentum": 0.9},

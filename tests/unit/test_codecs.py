@@ -1,4 +1,4 @@
-"""Every codec's maths in the core, on numpy, in a simulated world of ranks (hvdsync.core.codecs.numpy_ops).
+"""Every codec's maths in the core, on numpy, in a simulated world of ranks (hvdsync.core.comm.codecs.numpy_ops).
 
 Shapes and dtypes, ranks agreeing, error feedback keeping exactly what was not sent, unbiased stochastic rounding,
 PowerSGD recovering a low-rank gradient, wire bytes equal to the formula, state saved and restored.
@@ -6,9 +6,9 @@ PowerSGD recovering a low-rank gradient, wire bytes equal to the formula, state 
 import numpy as np
 import pytest
 
-from hvdsync.core.codecs import CodecState, WireCounter, get_codec
-from hvdsync.core.codecs.numpy_ops import NumpyOps, simulate
-from hvdsync.core.codecs.quantize import LEVELS, dequantize, quantize
+from hvdsync.core.comm.codecs import CodecState, WireCounter, get_codec
+from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
+from hvdsync.core.comm.codecs.quantize import LEVELS, dequantize, quantize
 
 SHAPES = [(32, 24), (24,), (5, 3, 4), (10,)]
 REDUCING = ["bf16", "topk:0.1", "randk:0.1", "int8", "powersgd:2"]
@@ -226,7 +226,7 @@ def test_cast_codecs_halve_the_bytes_and_round_like_the_format():
 def test_codec_state_of_finds_the_state_behind_an_optimizer():
     from types import SimpleNamespace
 
-    from hvdsync.core.codecs import codec_state_of
+    from hvdsync.core.comm.codecs import codec_state_of
 
     state = _states(get_codec("topk:0.1"), 1)[0]
     assert codec_state_of(SimpleNamespace(reducer=SimpleNamespace(state=state))) is state

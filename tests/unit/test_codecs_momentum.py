@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.codecs import CodecState, get_codec
-from hvdsync.core.codecs.numpy_ops import NumpyOps, simulate
+from hvdsync.core.comm.codecs import CodecState, get_codec
+from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
 
 SHAPES = [(20, 10), (10,)]
 
@@ -96,7 +96,7 @@ def test_keras_sgd_hands_its_momentum_to_the_codec_also_under_loss_scaling():
 
 
 def test_powersgd_views_a_convolution_alike_in_either_framework_layout():
-    from hvdsync.core.codecs.powersgd import matrix_shape
+    from hvdsync.core.comm.codecs.powersgd import matrix_shape
 
     assert matrix_shape((64, 32, 3, 3)) == (64, 288)        # PyTorch (out, in, kh, kw): out x (in kh kw)
     assert matrix_shape((3, 3, 32, 64)) == (288, 64)        # Keras (kh, kw, in, out): the same matrix, transposed

@@ -1,8 +1,8 @@
 """The wire counter (what travels) and seeding (what repeats); the codecs themselves: test_codecs.py."""
 import numpy as np
 
-from hvdsync.core import seeding
-from hvdsync.core.codecs import WireCounter
+from hvdsync.core.train import seeding
+from hvdsync.core.comm.codecs import WireCounter
 
 
 def test_wire_counter_counts_tensors_bytes_dtypes():

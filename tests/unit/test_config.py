@@ -75,7 +75,7 @@ def test_yaml_then_overrides(tmp_path):
 
 def test_cli_rejects_bad_value_before_starting_any_worker():
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "hvdsync.cli", "train", "--compression", "fp8", "--np", "2"],
+    proc = subprocess.run([sys.executable, "-m", "hvdsync.launch.cli", "train", "--compression", "fp8", "--np", "2"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "sync.compression: 'fp8' is not allowed; choose one of: none, fp16, bf16" in proc.stderr

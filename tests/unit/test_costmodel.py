@@ -1,4 +1,4 @@
-"""The cost model (hvdsync.core.costmodel): formulas agree with the simulations' counted bytes, the fit recovers
+"""The cost model (hvdlab.costmodel): formulas agree with the simulations' counted bytes, the fit recovers
 known figures, and the patterns rank as the theory says."""
 import doctest
 from dataclasses import replace
@@ -6,9 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hvdsync.core import costmodel
-from hvdsync.core.costmodel import FABRICS, Link, busiest_rank_bytes, fit_link, predict, prediction_ratios
-from hvdsync.core.ring import ring_allreduce
+from hvdlab import costmodel
+from hvdlab.costmodel import FABRICS, Link, busiest_rank_bytes, fit_link, predict, prediction_ratios
+from hvdlab.ring import ring_allreduce
 
 MiB = 2**20
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.checkpoint import CheckpointError, CheckpointStore
-from hvdsync.core.elastic import ElasticState, Position
+from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore
+from hvdsync.elastic import ElasticState, Position
 
 
 # ---- the store --------------------------------------------------------------------------------------------------
@@ -212,8 +212,8 @@ def test_elastic_config_errors_name_the_field(raw, message):
 
 
 def test_an_elastic_worker_leaves_fusion_and_cycle_time_to_horovod():
-    # Horovod 0.28.1 segfaults re-initialising after a reset when both were set (hvdsync/core/runtime.py).
-    from hvdsync.core.runtime import apply_horovod_env
+    # Horovod 0.28.1 segfaults re-initialising after a reset when both were set (hvdsync/core/train/runtime.py).
+    from hvdsync.core.train.runtime import apply_horovod_env
 
     env = {"HOROVOD_ELASTIC": "1"}
     apply_horovod_env(Config().sync, env)

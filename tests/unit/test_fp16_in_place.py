@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("horovod.torch")
 
-from hvdsync.core.codecs import WireCounter  # noqa: E402
+from hvdsync.core.comm.codecs import WireCounter  # noqa: E402
 from hvdsync.torch.compression import CodecCompressor  # noqa: E402
 
 

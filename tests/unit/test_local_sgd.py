@@ -5,7 +5,7 @@ import doctest
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.schemes import local_sgd
+from hvdsync.core.comm.schemes import local_sgd
 
 
 def test_docstring_examples():
@@ -57,9 +57,9 @@ def test_local_sgd_is_allowed_for_both_frameworks_with_accumulation():
 def test_the_monitor_raises_no_divergence_alarm_for_modes_whose_ranks_differ_by_design():
     import numpy as np
 
-    from hvdsync.core.monitor import Alarms
-    from hvdsync.core.schemes import MODES
-    from hvdsync.core.tracking import make_tracker
+    from hvdsync.core.telemetry.monitor import Alarms
+    from hvdsync.core.comm.schemes import MODES
+    from hvdsync.core.telemetry.tracking import make_tracker
 
     assert {name: m.lockstep for name, m in MODES.items()} == {
         "allreduce": True, "ps": True, "gossip": False, "local_sgd": False}

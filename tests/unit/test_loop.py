@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config
-from hvdsync.core.codecs import WireCounter
-from hvdsync.core.data import digits
-from hvdsync.core.loader import PlanCursor, PlanLoader
-from hvdsync.core.loop import Callback, array_evaluator, fit_loop, plan_for
-from hvdsync.core.profiling import PhaseTimer
-from hvdsync.core.sharding import PlanState, ShardPlan
-from hvdsync.core.shares import split_counts
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.train.data import digits
+from hvdsync.core.train.loader import PlanCursor, PlanLoader
+from hvdsync.core.train.loop import Callback, array_evaluator, fit_loop, plan_for
+from hvdsync.core.telemetry.profiling import PhaseTimer
+from hvdsync.core.train.sharding import PlanState, ShardPlan
+from hvdsync.core.train.shares import split_counts
 
 
 class NumpyBackend:
@@ -159,8 +159,8 @@ class _Weights:
 
 
 def test_the_elastic_loop_trains_as_the_shared_loop_and_resumes_from_a_commit(data):
-    from hvdsync.core.elastic import ElasticState
-    from hvdsync.core.elastic_loop import elastic_fit
+    from hvdsync.elastic import ElasticState
+    from hvdsync.core.elastic.loop import elastic_fit
 
     class Elastic(NumpyBackend):
         def refresh(self):

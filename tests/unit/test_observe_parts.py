@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core import monitor, profiling, record, sysmetrics
-from hvdsync.core.tracking import Tracker
-from hvdsync.runs import grid
+from hvdsync.core.telemetry import monitor, profiling, record, sysmetrics
+from hvdsync.core.telemetry.tracking import Tracker
+from hvdsync.launch.runs import grid
 
 
 class _Tags(Tracker):

@@ -1,4 +1,4 @@
-"""hvdsync.core.quiet: absl start-up records are dropped from file descriptor 2, everything else gets through.
+"""hvdsync.launch.quiet: absl start-up records are dropped from file descriptor 2, everything else gets through.
 
 The lines below are TensorFlow 2.21's, as it writes them at import on an AVX-512 CPU (oneDNN on). The end-to-end
 check with TensorFlow itself (forced to print them on any CPU) is in tests/parallel/test_tensorflow.py.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdsync.core.quiet import keep
+from hvdsync.launch.quiet import keep
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_the_first_import_of_a_watched_module_is_filtered_at_the_file_descriptor
     """))
     code = textwrap.dedent("""
         import os, sys
-        from hvdsync.core.quiet import quiet_imports
+        from hvdsync.launch.quiet import quiet_imports
         quiet_imports(("noisy",))
         quiet_imports(("noisy",))  # idempotent
         import noisy

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError, SyncConfig
-from hvdsync.core.data import load
-from hvdsync.core.runtime import applied_params, apply_horovod_env, report_knobs
+from hvdsync.datasets import load
+from hvdsync.core.train.runtime import applied_params, apply_horovod_env, report_knobs
 from hvdsync.registry import DATASETS, MODELS
 
 
@@ -19,7 +19,7 @@ def test_builtin_names_are_registered_without_importing_a_framework():
 def test_a_user_plugin_registers_a_model_and_a_data_set_by_name(tmp_path, monkeypatch):
     (tmp_path / "my_plugin.py").write_text(
         "import numpy as np\n"
-        "from hvdsync.core.data import Dataset\n"
+        "from hvdsync.core.train.data import Dataset\n"
         "from hvdsync.registry import register_dataset, register_model\n"
         "@register_dataset('stripes')\n"
         "def stripes(data_cfg, seed):\n"
@@ -77,7 +77,7 @@ def test_knobs_come_from_the_config_unless_the_environment_sets_them():
 def test_a_knob_that_could_not_apply_is_never_claimed():
     sync = SyncConfig(fusion_threshold_mb=8)
     # An elastic worker (Horovod sets HOROVOD_ELASTIC=1) keeps Horovod's fusion and cycle defaults: Horovod 0.28.1
-    # corrupts its heap re-initialising with them fixed (hvdsync/elastic_launch.py).
+    # corrupts its heap re-initialising with them fixed (hvdsync/launch/elastic.py).
     env = {"HOROVOD_ELASTIC": "1"}
     sources = {d.name: d.source for d in apply_horovod_env(sync, env)}
     assert sources == {"HOROVOD_FUSION_THRESHOLD": "elastic", "HOROVOD_CYCLE_TIME": "elastic",

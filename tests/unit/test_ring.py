@@ -1,4 +1,4 @@
-"""The ring all-reduce simulation (hvdsync.core.ring): it sums, every rank ends equal, and it sends what the law
+"""The ring all-reduce simulation (hvdlab.ring): it sums, every rank ends equal, and it sends what the law
 says."""
 import doctest
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdsync.core import ring
-from hvdsync.core.ring import (ALL_GATHER, REDUCE_SCATTER, bus_bandwidth, chunk_bounds, parameter_server_allreduce,
+from hvdlab import ring
+from hvdlab.ring import (ALL_GATHER, REDUCE_SCATTER, bus_bandwidth, chunk_bounds, parameter_server_allreduce,
                                parameter_server_bytes, ring_allreduce, ring_bytes_per_rank, ring_steps)
 
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core import schemes
-from hvdsync.core.data import digits
-from hvdsync.core.schemes import gossip, ps, sim
+from hvdsync.core.comm import schemes
+from hvdsync.core.train.data import digits
+from hvdlab import sim
+from hvdsync.core.comm.schemes import gossip, ps
 
 
 @pytest.fixture(scope="module")

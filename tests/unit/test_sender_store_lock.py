@@ -4,7 +4,7 @@ here with ``duplicate column name``."""
 import subprocess
 import sys
 
-CODE = "import sys; from hvdsync.core.sender import open_client; open_client(sys.argv[1]).search_experiments()"
+CODE = "import sys; from hvdsync.core.telemetry.sender import open_client; open_client(sys.argv[1]).search_experiments()"
 
 
 def test_concurrent_senders_open_a_fresh_sqlite_store(tmp_path):

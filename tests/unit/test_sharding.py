@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdsync.core.sharding import ShardPlan, naive_shards
+from hvdsync.core.train.sharding import ShardPlan, naive_shards
 
 plans = st.builds(
     ShardPlan,

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.scaling import grown_lr, loss_scale
-from hvdsync.core.shares import balanced_shares, local_weights, share_slice, split_counts
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.core.train.scaling import grown_lr, loss_scale
+from hvdsync.core.train.shares import balanced_shares, local_weights, share_slice, split_counts
+from hvdsync.core.train.sharding import ShardPlan
 
 
 @st.composite
@@ -118,7 +118,7 @@ def test_the_test_slowdown_is_busy_before_the_work_in_proportion_to_its_samples(
     # Lower bounds only: a busy wait lasts at least until its deadline, whatever the machine's load.
     import time
 
-    from hvdsync.core.profiling import PhaseTimer
+    from hvdsync.core.telemetry.profiling import PhaseTimer
 
     timer = PhaseTimer()
     timer.slow_down(3.0)
@@ -145,7 +145,7 @@ def test_share_slices_cut_a_test_set_into_contiguous_parts_read_once(total, shar
 
 
 def test_the_test_slowdown_slows_work_outside_the_phases_by_its_factor():
-    from hvdsync.core.profiling import PhaseTimer
+    from hvdsync.core.telemetry.profiling import PhaseTimer
 
     timer = PhaseTimer()
     assert timer.slow_after(0.02) == 0.0                 # not slowed: returns at once
@@ -155,7 +155,7 @@ def test_the_test_slowdown_slows_work_outside_the_phases_by_its_factor():
 
 
 def test_the_throughput_pools_only_epochs_that_ran_with_about_the_same_shares():
-    from hvdsync.core.adaptive import window_rate
+    from hvdsync.core.train.adaptive import window_rate
 
     equal, adapted, settled = ((0.5, 0.5), [10.0, 10.0, 10.0]), ((0.7, 0.3), [8.0, 8.0]), ((0.72, 0.28), [7.0, 7.0])
     assert window_rate([equal, adapted]) == 8.0                    # the equal epoch measured another balance

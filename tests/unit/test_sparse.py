@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core import ring, sparse
+from hvdlab import ring
+from hvdsync.core.comm import sparse
 
 
 @pytest.mark.parametrize("sync, message", [

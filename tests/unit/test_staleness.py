@@ -6,10 +6,10 @@ import doctest
 import numpy as np
 import pytest
 
-from hvdsync.core.data import digits
-from hvdsync.core.schemes import sim, staleness
-from hvdsync.core.schemes.staleness import DAMPING, delays, run_async
-from hvdsync.core.sharding import ShardPlan
+from hvdsync.core.train.data import digits
+from hvdlab import sim, staleness
+from hvdlab.staleness import DAMPING, delays, run_async
+from hvdsync.core.train.sharding import ShardPlan
 
 
 def test_docstring_examples():

@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from hvdsync.config import Config
-from hvdsync.core.data import load
+from hvdsync.datasets import load
 from hvdsync.registry import build_model
-from hvdsync.torch import staleness
+from hvdlab.torch import staleness
 
 
 def test_tau_zero_is_a_plain_sgd_loop_over_the_same_batches_and_staleness_changes_the_result():

@@ -1,10 +1,10 @@
-"""The Horovod timeline parser (hvdsync.core.timeline) on traces written the way Horovod 0.28.1 writes them."""
+"""The Horovod timeline parser (hvdsync.core.telemetry.timeline) on traces written the way Horovod 0.28.1 writes them."""
 import doctest
 import json
 
 import pytest
 
-from hvdsync.core import timeline
+from hvdsync.core.telemetry import timeline
 
 
 def _trace(records, epoch_us=1_000_000):

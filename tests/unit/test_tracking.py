@@ -6,10 +6,10 @@ import warnings
 import mlflow
 import pytest
 
-from hvdsync import cli
+from hvdsync.launch import cli
 from hvdsync.config import TrackingConfig
-from hvdsync.core.spool import Spool
-from hvdsync.core.tracking import MLflowTracker, Tracker, TrackingWarning, make_tracker
+from hvdsync.core.telemetry.spool import Spool
+from hvdsync.core.telemetry.tracking import MLflowTracker, Tracker, TrackingWarning, make_tracker
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@
 ``allreduce``, returns one of these optimizers instead of Horovod's ``DistributedOptimizer``. They have the same
 surface as Horovod's (``zero_grad``, ``synchronize``, ``skip_synchronize``, ``step``, ``param_groups``,
 ``state_dict``), so the training step, the user's own loop and an LR scheduler work unchanged. The plans (who owns
-which shard, who talks to whom, how much) come from :mod:`hvdsync.core.schemes`; this module only moves tensors.
+which shard, who talks to whom, how much) come from :mod:`hvdsync.core.comm.schemes`; this module only moves tensors.
 
 * :class:`ParameterServerOptimizer` (``sync.mode: ps``): ``synchronize`` pushes the gradients to the shard owners
   (``hvd.alltoall`` with splits, then each owner adds its shard's pieces: :func:`~hvdsync.torch.schemes.ps.push`); ``step`` updates
@@ -25,7 +25,7 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import WireCounter
+from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.torch.schemes.base import SchemeOptimizer
 from hvdsync.torch.schemes.gossip import GossipOptimizer
 from hvdsync.torch.schemes.local_sgd import LocalSGDOptimizer
@@ -51,24 +51,3 @@ def scheme_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, s
 
 __all__ = ["SCHEMES", "scheme_optimizer", "SchemeOptimizer", "ParameterServerOptimizer", "GossipOptimizer",
            "LocalSGDOptimizer"]
-
-
-def train_modes(cfg_dict: dict, modes: dict[str, dict], track_consensus: bool = True,
-                trace: bool = False) -> dict[str, dict]:
-    """Train the same model from the same start once per entry of ``modes`` (name -> ``sync`` overrides) in this
-    worker; every rank calls it (e.g. through :func:`hvdsync.launch.run`). For notebooks and tests that compare
-    sync modes side by side on one pair of workers; what it returns: :func:`hvdsync.core.schemes.compare.train_modes`.
-
-    Example::
-
-        out = launch.run(train_modes, args=(cfg.to_dict(), {"ring": {}, "ps": {"mode": "ps"}}), np=2)[0]
-    """
-    from hvdsync.core.schemes import compare
-    from hvdsync.torch.runtime import init
-    from hvdsync.torch.train import build
-
-    def prepare(opt) -> None:
-        if isinstance(opt, GossipOptimizer):
-            opt.track_consensus = track_consensus
-
-    return compare.train_modes(cfg_dict, modes, init, build, torch.manual_seed, prepare, trace)

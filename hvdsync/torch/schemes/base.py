@@ -5,7 +5,7 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.codecs import WireCounter
+from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.torch.compression import CodecCompressor, SkipSynchronize
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.schemes import gossip
+from hvdsync.core.comm.schemes import gossip
 from hvdsync.torch.schemes.base import SchemeOptimizer
 
 
 class GossipOptimizer(SchemeOptimizer):
     """``sync.mode: gossip``: every ``sync.period`` steps, mix the parameters with the ring neighbours' (Metropolis
-    weights, :func:`hvdsync.core.schemes.gossip.mixing_matrix`), then take the local step on the local gradient.
+    weights, :func:`hvdsync.core.comm.schemes.gossip.mixing_matrix`), then take the local step on the local gradient.
 
     With ``track_consensus = True`` it also all-reduces the parameters before and after each mixing to record the
     consensus distance (extra traffic, for measurements only; not counted in :attr:`traffic`).

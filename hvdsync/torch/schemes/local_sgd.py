@@ -4,15 +4,15 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core import ring
-from hvdsync.core.schemes import local_sgd
+from hvdsync.core.comm import traffic
+from hvdsync.core.comm.schemes import local_sgd
 from hvdsync.torch.schemes.base import SchemeOptimizer, flatten, unflatten_into
 from hvdsync.torch.sparse import densify
 
 
 class LocalSGDOptimizer(SchemeOptimizer):
     """``sync.mode: local_sgd``: local steps, and every ``sync.period`` steps one all-reduce that averages the
-    parameters and the optimizer state (:mod:`hvdsync.core.schemes.local_sgd` says when, and why the state too).
+    parameters and the optimizer state (:mod:`hvdsync.core.comm.schemes.local_sgd` says when, and why the state too).
 
     ``rounds`` counts the all-reduces it issues (gradient rounds of the synchronous warm-up, then averagings);
     :meth:`average` is public so a loop can make the ranks agree at a point of its choosing (e.g. before saving
@@ -40,7 +40,7 @@ class LocalSGDOptimizer(SchemeOptimizer):
             # The state tensors ride in the parameters' round: their bytes count, the round is counted once.
             self.counter.record(t.numel(), t.element_size(), str(t.dtype).replace("torch.", ""),
                                 gradients=int(i < len(self.params)))
-        nbytes = int(ring.ring_bytes_per_rank(self.size, flat.numel() * flat.element_size()))
+        nbytes = int(traffic.ring_bytes_per_rank(self.size, flat.numel() * flat.element_size()))
         self.sent += nbytes
         self.received += nbytes
         self.rounds += 1

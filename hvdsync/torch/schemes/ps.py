@@ -7,8 +7,8 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdsync.core.ring import chunk_bounds
-from hvdsync.core.schemes.ps import push_splits, server_count
+from hvdsync.core.comm.traffic import chunk_bounds
+from hvdsync.core.comm.schemes.ps import push_splits, server_count
 from hvdsync.torch.schemes.base import SchemeOptimizer, _initialise_state, _options
 from hvdsync.torch.sparse import densify
 

@@ -1,0 +1,1 @@
+"""Lab code on TensorFlow: co-design comparisons and sync-mode runs."""

@@ -1,0 +1,77 @@
+"""Sparse gradients (embedding tables): what each way of reducing them moves, written once for both frameworks.
+
+An embedding lookup touches a few rows of a large table, so its gradient is zero everywhere else. PyTorch hands
+it over as a sparse COO tensor (``nn.Embedding(sparse=True)``), TensorFlow as ``tf.IndexedSlices`` (``tf.gather``,
+Keras ``Embedding``). ``sync.sparse`` picks how ranks combine such a gradient:
+
+* ``dense`` (Horovod's ``sparse_as_dense=True``): densify, then all-reduce the whole table like any gradient:
+  ``rows * row_elems`` values per rank whatever was touched; works with every codec, op and sync mode.
+* ``allgather`` (Horovod's default for sparse gradients): each rank sends only the rows it touched (coalesced:
+  one row per distinct index, duplicates summed locally) as int32 row indices + the rows' values; every rank
+  gathers all ranks' pieces and adds them into the table. The same sum as the dense all-reduce (rows nobody touched
+  are zero in both); far fewer bytes while few rows are touched, but a gathered piece grows with the world size
+  while a ring all-reduce does not: :func:`crossover_rows` is where the two meet.
+
+Byte counts here are what one rank hands to Horovod (:class:`~hvdsync.core.comm.codecs.WireCounter`'s convention) and,
+for the link, what crosses one rank's link in a ring (``*_link_bytes``).
+"""
+from __future__ import annotations
+
+MODES = ("dense", "allgather")
+INDEX_BYTES = 4  # row indices travel as int32 (tables up to 2**31 rows; the adapters refuse larger ones)
+
+
+def allgather_bytes(rows_sent: int, row_elems: int, value_bytes: int = 4) -> int:
+    """Bytes one rank hands to Horovod for a sparse gradient with ``rows_sent`` distinct rows (indices + values).
+
+    >>> allgather_bytes(300, 16)   # 300 rows of 16 float32 + 300 int32 indices
+    20400
+    """
+    return rows_sent * (row_elems * value_bytes + INDEX_BYTES)
+
+
+def dense_bytes(table_rows: int, row_elems: int, value_bytes: int = 4) -> int:
+    """Bytes one rank hands to Horovod when the same gradient is densified and all-reduced."""
+    return table_rows * row_elems * value_bytes
+
+
+def allgather_link_bytes(piece_bytes: list[int], rank: int) -> int:
+    """Bytes that reach ``rank`` in an allgather of the ranks' pieces: every other rank's piece."""
+    return sum(piece_bytes) - piece_bytes[rank]
+
+
+def crossover_rows(table_rows: int, row_elems: int, world: int, value_bytes: int = 4) -> float:
+    """Distinct rows per rank above which ``allgather`` moves more bytes over a link than ``dense`` (ring).
+
+    With ``r`` rows on each rank a rank receives ``(W-1) r (e v + 4)`` bytes from the allgather and
+    ``2 (W-1)/W N e v`` from the ring, so they meet at ``r = 2 N e v / (W (e v + 4))``.
+
+    >>> round(crossover_rows(100_000, 16, 2))
+    94118
+    """
+    return 2 * table_rows * row_elems * value_bytes / (world * (row_elems * value_bytes + INDEX_BYTES))
+
+
+# ---- the embedding experiment of notebook 17 (both frameworks draw the same lookups) -----------------------------
+BAG = 4  # ids per sample: a sample's embedding is the mean of 4 rows
+
+
+def draw_lookups(table_rows: int, lookups: int, step: int, rank: int, seed: int = 0, hot: int = 50):
+    """The ids one rank looks up at one step, shaped ``(lookups // BAG, BAG)``: half of them among ``hot`` popular
+    rows (so ids repeat, as in real traffic), half anywhere in the table. Seeded by ``(seed, step, rank)``."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, step, rank])
+    ids = np.where(rng.random(lookups) < 0.5, rng.integers(0, hot, lookups), rng.integers(0, table_rows, lookups))
+    return ids[: lookups - lookups % BAG].reshape(-1, BAG).astype(np.int64)
+
+
+def exchange_formula(distinct_rows: list[int], table_rows: int, row_elems: int, dense_elems: int,
+                     value_bytes: int = 4) -> dict:
+    """Bytes one rank hands to Horovod over the steps of the experiment, per ``sync.sparse`` mode: the table's
+    gradient (``distinct_rows`` per step, or the whole table) plus ``dense_elems`` other parameters per step."""
+    other = len(distinct_rows) * dense_elems * value_bytes
+    return {"allgather": sum(allgather_bytes(r, row_elems, value_bytes) for r in distinct_rows) + other,
+            "dense": len(distinct_rows) * dense_bytes(table_rows, row_elems, value_bytes) + other,
+            "table_allgather": sum(allgather_bytes(r, row_elems, value_bytes) for r in distinct_rows),
+            "table_dense": len(distinct_rows) * dense_bytes(table_rows, row_elems, value_bytes)}

@@ -1,0 +1,238 @@
+"""Elastic training on the shared loop: :func:`elastic_fit` is :func:`hvdsync.core.train.loop.fit_loop` resumed from the
+committed position, with the elastic parts as one callback (:class:`ElasticCallback`).
+
+``elastic_fit`` is the function Horovod's elastic wrapper re-enters after every reset
+(:func:`hvdsync.core.elastic.state.run`), so everything it needs about "where are we" comes from the state: ``epoch`` and
+``consumed`` pick up the epoch's global order where the last commit left it, with the plan cut for the *current*
+world size (the loop's plan from ``PlanState(epoch, consumed)``). No sample of the epoch is read twice, none is
+skipped, whatever the sizes before and after.
+
+With ``record_reads`` the ranks all-gather the indices they actually trained on at every step and the state counts
+them per epoch (``state.user["reads"]``) and keeps a timeline of samples read per rank (``state.user["timeline"]``).
+Both are user objects, so a restore rolls them back with the model: they count committed training exactly.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hvdsync.core.train.data import Dataset
+from hvdsync.core.elastic.state import CommittedState
+from hvdsync.core.train.loop import Callback, TrainContext, array_evaluator, fit_loop
+from hvdsync.core.train.sharding import PlanState
+from hvdsync.core.telemetry.tracking import Tracker, make_tracker
+
+RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
+FAULTS_ENV = "HVDSYNC_FAULTS"
+
+
+@dataclass
+class ElasticResult:
+    """What an elastic run returns (rank 0's): accuracy, the position reached, the resets and what was read."""
+
+    framework: str
+    world_size: int
+    rank: int
+    epochs: int
+    steps: int
+    test_accuracy: float
+    history: list[dict] = field(default_factory=list)
+    resets: list[dict] = field(default_factory=list)
+    param_spread: float = 0.0
+    params_sha256: str = ""
+    reads: list[list[int]] | None = None
+    timeline: list[list[float]] | None = None
+    run_id: str | None = None
+    total_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        resets = "; ".join(f"{e['reason']} {e['size_before']}->{e['size_after']} workers, recovered in "
+                           f"{e['recovery_seconds']:.1f}s" for e in self.resets) or "none"
+        return (f"{self.framework} elastic, {self.world_size} workers at the end: test accuracy "
+                f"{self.test_accuracy:.4f} after {self.epochs} epochs ({self.steps} steps) in {self.total_seconds:.1f}s; "
+                f"resets: {resets}; params equal across ranks: {self.param_spread == 0.0}"
+                + (f", MLflow run {self.run_id}" if self.run_id else ""))
+
+
+def describe(event: dict) -> str:
+    """One line for a reset record."""
+    when = time.strftime("%H:%M:%S", time.localtime(event["time"]))
+    return (f"elastic reset at {when} (step {event['step']}): {event['reason']}; world size {event['size_before']} "
+            f"-> {event['size_after']}; recovered in {event['recovery_seconds']:.2f}s")
+
+
+class _Reporter:
+    """Rank 0 prints each reset and records it in MLflow; the tracker follows rank 0 (which may change)."""
+
+    def __init__(self, cfg, state: CommittedState, framework: str) -> None:
+        self.cfg, self.state, self.framework, self.tracker = cfg, state, framework, None
+
+    def tracker_for_rank(self, rank: int, size: int):
+        if rank != 0:  # a process that was rank 0 before a reset may not be now: only rank 0 writes
+            return Tracker()
+        if self.tracker is None:
+            self.tracker = make_tracker(self.cfg.tracking, rank)
+            # The run id is part of the committed state: a new rank 0 (or a resumed job) keeps writing to the run.
+            self.tracker.start(params={**self.cfg.flat(), "world_size": size},
+                               tags={"framework": self.framework, "elastic": "true"}, run_id=self.state.run_id)
+        return self.tracker
+
+    def note_run_id(self) -> None:
+        """Put the MLflow run id into the state once the store has created the run (it answers asynchronously)."""
+        if self.state.run_id is None and self.tracker is not None and self.state._rank() == 0:
+            self.state.run_id = self.tracker.run_id
+
+    def __call__(self, event: dict) -> None:
+        if self.state._rank() != 0:
+            return
+        import sys
+
+        print(f"hvdsync: {describe(event)}", file=sys.stderr, flush=True)
+        if self.tracker is not None and self.tracker.active:
+            self.tracker.log_metrics({"elastic_world_size": event["size_after"],
+                                      "elastic_recovery_seconds": event["recovery_seconds"]}, step=event["step"])
+
+
+class _ContinuingRun:
+    """The reporter's tracker as the shared loop sees it: the run was started once per process, with the committed
+    run id (:class:`_Reporter`), so the loop's ``start`` is a no-op; and the loop ends only after a reset when it
+    raised, which is not the end of the run, so only a ``FINISHED`` is passed on."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+
+    def __getattr__(self, name: str):
+        return getattr(self._tracker, name)
+
+    def start(self, *args, **kwargs) -> None:
+        pass
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if status == "FINISHED":
+            self._tracker.finish(status)
+
+
+class ElasticCallback(Callback):
+    """The elastic parts of a run, as hooks of the shared loop (:func:`hvdsync.core.train.loop.fit_loop`): a due fault
+    before each step, then after it the read log, the run id and the state's step (which commits when due and may
+    raise ``HostsUpdatedInterrupt`` there, on every rank at the same step); after each epoch its record in the
+    committed history and a commit.
+
+    Args:
+        state: the :class:`~hvdsync.core.elastic.state.CommittedState`.
+        reporter: rank 0's reset reporter (it also puts the MLflow run id into the state).
+        record_reads: count every sample each rank trains on (``state.user["reads"]`` and ``["timeline"]``).
+    """
+
+    def __init__(self, state: CommittedState, reporter: _Reporter, record_reads: bool = False) -> None:
+        self.state, self.reporter, self.record_reads = state, reporter, record_reads
+
+    def on_step_begin(self, ctx: TrainContext) -> None:
+        inject_fault(self.state.position.step)
+
+    def on_step_end(self, ctx: TrainContext) -> None:
+        if self.record_reads:
+            _record(self.state, ctx.backend, ctx.last_step, ctx.cfg.data.batch_size, ctx.epoch)
+        self.reporter.note_run_id()
+        self.state.step_done(ctx.last_step.global_count)
+
+    def on_epoch_end(self, ctx: TrainContext) -> None:
+        # The history is a user object of the state: a restore rolls it back with the model.
+        self.state.user["history"].append(
+            {"epoch": ctx.epoch, **{k: ctx.metrics[k] for k in ("train_loss", "test_accuracy", "world_size")}})
+        self.state.epoch_done()
+
+
+def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads: bool = False) -> ElasticResult:
+    """Train from the state's position to ``cfg.train.epochs`` on the shared loop; called (again after each reset)
+    by the elastic run.
+
+    Args:
+        state: the :class:`~hvdsync.core.elastic.state.CommittedState` (position, user objects, reset log).
+        cfg: the :class:`hvdsync.config.Config`.
+        backend: the adapter's loop backend; ``backend.refresh()`` re-reads rank and size after a reset.
+        data: the dataset (same arrays on every rank).
+        record_reads: count every sample each rank trains on (tests and notebook 10).
+    """
+    backend.refresh()
+    rank, size = backend.rank, backend.size
+    reporter = state.on_event if isinstance(state.on_event, _Reporter) else _Reporter(cfg, state, backend.framework)
+    state.on_event = reporter
+    tracker = reporter.tracker_for_rank(rank, size)
+    if record_reads:
+        state.user.setdefault("reads", np.zeros((cfg.train.epochs, len(data.x_train)), dtype=np.int64))
+        state.user["reads"] = np.asarray(state.user["reads"], dtype=np.int64)  # a list after a JSON checkpoint
+        state.user.setdefault("timeline", [])
+    state.user.setdefault("history", [])
+    accuracy = array_evaluator(backend, data)
+
+    def evaluate():
+        return {**accuracy(), "world_size": float(size)}  # a plain number: the mean over ranks, i.e. the size
+
+    # The plan for the *current* world from the committed position: the epoch's global order goes on where the
+    # last commit left it, so no sample is read twice or skipped whatever the sizes before and after.
+    result = fit_loop(cfg, backend, data, evaluate, tracker=_ContinuingRun(tracker),
+                      callbacks=[ElasticCallback(state, reporter, record_reads)],
+                      resume=PlanState(state.position.epoch, state.position.consumed),
+                      progress_desc=f"{backend.framework} elastic x{size}", observe=False)
+    reporter.note_run_id()
+    history = state.user["history"]
+    return ElasticResult(
+        framework=backend.framework, world_size=size, rank=rank, epochs=cfg.train.epochs, steps=state.position.step,
+        test_accuracy=history[-1]["test_accuracy"] if history else 0.0, history=history, resets=state.events,
+        param_spread=result.param_spread, params_sha256=_digest(backend.parameters()),
+        reads=state.user["reads"].tolist() if record_reads else None,
+        timeline=state.user.get("timeline") if record_reads else None, run_id=state.run_id,
+        total_seconds=result.total_seconds)
+
+
+def _digest(params) -> str:
+    """SHA-256 of the parameters' bytes: equal digests are bitwise-equal models."""
+    h = hashlib.sha256()
+    for p in params:
+        h.update(np.ascontiguousarray(p).tobytes())
+    return h.hexdigest()
+
+
+def _record(state: CommittedState, backend, step, batch_size: int, epoch: int) -> None:
+    # Each rank reports the indices it really trained on (padded to a fixed length for the all-gather).
+    mine = np.full(batch_size, -1, dtype=np.float64)
+    mine[:step.local_count] = step.indices
+    everyone = backend.allgather(mine)
+    for row in everyone:
+        idx = row[row >= 0].astype(np.int64)
+        np.add.at(state.user["reads"][epoch], idx, 1)
+    state.user["timeline"].append([time.time(), state.position.step + 1, backend.size,
+                                   *[int((row >= 0).sum()) for row in everyone]])
+
+
+def inject_fault(step: int) -> None:
+    """Called by the elastic loop before each step: fire this host's fault if one is due (once per run)."""
+    spec, run_dir = os.environ.get(FAULTS_ENV), os.environ.get(RUN_DIR_ENV)
+    if not spec or not run_dir:
+        return
+    host = os.environ.get("HOROVOD_HOSTNAME", "")
+    for i, fault in enumerate(spec.split(",")):
+        action, _, rest = fault.partition("@")
+        at, _, where = rest.partition(":")
+        if action == "slow":  # every worker sleeps this many ms per step: a job slow enough to watch and to change
+            time.sleep(int(at) / 1000)
+            continue
+        if int(at) != step or where != host:
+            continue
+        marker = Path(run_dir) / f"fault-{i}.fired"
+        if marker.exists():
+            continue
+        marker.write_text(fault)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault: {fault}")

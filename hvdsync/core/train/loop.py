@@ -1,0 +1,405 @@
+"""The training loop both frameworks share: it consumes *steps*, whatever the model, loss and data.
+
+An adapter hands the loop a :class:`Backend` (the user's model, loss and optimizer behind a few methods) and a
+:class:`StepSource` (``epoch_steps(epoch, start)`` yields this rank's ``(micro_batches, step)`` per optimizer step:
+numpy arrays from :class:`hvdsync.core.train.loader.PlanLoader`, or the batches of a user's ``DataLoader`` read through
+``hvdsync.torch.PlanSampler``). Evaluation is a function the user may pass. The loop owns what is the same in
+PyTorch and TensorFlow: epochs and the plan position (resumable), the loss scale, metrics gathered across ranks, the
+MLflow run record, progress on rank 0, the cross-rank parameter check, and the callbacks that other features plug
+into (:class:`Callback`: tracking, profiling, monitoring, elastic commits, communication schemes).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from hvdsync.core.telemetry import monitor
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.train.data import Dataset
+from hvdsync.core.train.loader import PlanLoader
+from hvdsync.core.telemetry.profiling import PhaseTimer
+from hvdsync.core.telemetry.progress import Progress
+from hvdsync.core.train.runtime import applied_params
+from hvdsync.core.train.scaling import loss_scale
+from hvdsync.core.train.sharding import PlanState, ShardPlan, Step
+from hvdsync.core.train.shares import share_slice
+from hvdsync.core.telemetry.tracking import Tracker, make_tracker
+
+# What an evaluation returns: per metric, this rank's (sum, count); the loop sums both over ranks and divides, so the
+# result is the metric over all ranks' samples. A plain float counts as (value, 1): the mean over ranks.
+Evaluation = Mapping[str, "float | tuple[float, float]"]
+
+
+class Backend(Protocol):
+    """What an adapter implements for the loop (see ``hvdsync/torch/train.py`` and ``hvdsync/tensorflow/train.py``)."""
+
+    rank: int
+    size: int
+    framework: str
+    wire: WireCounter
+    timer: PhaseTimer
+
+    def train_step(self, micro: list, scale: float) -> float:
+        """One optimizer step over ``micro`` batches (``(x, y)`` pairs); each micro-batch's summed loss is
+        multiplied by ``scale`` before backward. Returns the unscaled sum of per-sample losses on this rank."""
+
+    def allgather(self, values: np.ndarray) -> np.ndarray:
+        """All ranks' ``values`` stacked: shape ``(size, *values.shape)``."""
+
+    def parameters(self) -> list[np.ndarray]:
+        """The model's parameters as numpy arrays."""
+
+    @property
+    def grad_tensors(self) -> int:
+        """Gradient tensors per all-reduce round (to turn counted tensors into rounds)."""
+
+
+class StepSource(Protocol):
+    """This rank's steps: ``plan`` (a :class:`ShardPlan` for this world) and ``epoch_steps``."""
+
+    plan: ShardPlan
+
+    def epoch_steps(self, epoch: int, start: int = 0) -> Iterable[tuple[list, Step]]:
+        """``(micro_batches, step)`` per optimizer step of ``epoch``, from global sample offset ``start``."""
+
+
+@dataclass
+class FitResult:
+    """What one rank returns from ``fit``; the launcher returns rank 0's."""
+
+    framework: str
+    world_size: int
+    rank: int
+    epochs: int
+    test_accuracy: float
+    history: list[dict] = field(default_factory=list)
+    total_seconds: float = 0.0
+    samples_per_second: float = 0.0
+    wire: dict = field(default_factory=dict)
+    allreduce_rounds: float = 0.0
+    optimizer_steps: int = 0
+    backward_passes: int = 0
+    param_spread: float = 0.0
+    phase_seconds: dict = field(default_factory=dict)
+    run_id: str | None = None
+    # Where training stopped in the plan (``PlanState.to_dict()``): what a resumed job continues from.
+    plan_state: dict = field(default_factory=dict)
+    # Monitor alarms and a tracking store that did not answer, one line each (the launcher shows them).
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        accuracy = "n/a" if math.isnan(self.test_accuracy) else f"{self.test_accuracy:.4f}"
+        return (f"{self.framework} x{self.world_size}: test accuracy {accuracy} after {self.epochs} "
+                f"epochs in {self.total_seconds:.1f}s ({self.samples_per_second:.0f} samples/s), "
+                f"{self.wire.get('bytes', 0) / 1e6:.2f} MB handed to allreduce per rank "
+                f"({', '.join(self.wire.get('dtypes', [])) or 'none'}), params equal across ranks: "
+                f"{self.param_spread == 0.0}" + (f", MLflow run {self.run_id}" if self.run_id else ""))
+
+
+@dataclass
+class TrainContext:
+    """What a :class:`Callback` sees; the loop updates it in place.
+
+    Attributes:
+        epoch: the current epoch; step: optimizer steps done in this epoch (counting those before a resume).
+        global_step: optimizer steps done by this run (not counting those before a resume).
+        position: samples of this epoch's global order consumed by all ranks together (the plan position).
+        last_step: the step just taken (``Step``: its micro index arrays, ``global_count``); None before the first.
+        metrics: after a step ``{"loss": mean loss of the step on this rank}``; after an epoch the epoch's metrics
+            (gathered over ranks, identical on every rank).
+        stop_training: set it to True to end training after the current step (on every rank alike: collectives
+            must stay matched).
+        status: ``RUNNING``, then ``FINISHED`` or ``FAILED`` in ``on_train_end``.
+    """
+
+    cfg: Any
+    backend: Backend
+    tracker: Tracker
+    plan: ShardPlan
+    result: FitResult
+    rank: int
+    size: int
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    position: int = 0
+    last_step: Step | None = None
+    metrics: dict = field(default_factory=dict)
+    stop_training: bool = False
+    status: str = "RUNNING"
+    steps: Any = None  # the step source (adaptive shares re-divide its plan between epochs)
+
+    @property
+    def plan_state(self) -> PlanState:
+        """The resumable position: (epoch, samples consumed), rolled over at the end of an epoch."""
+        return PlanState(self.epoch, 0).advanced(self.plan, self.position)
+
+
+class Callback:
+    """Hooks into :func:`fit_loop`. Subclass and override what you need; every hook gets the :class:`TrainContext`.
+
+    Hooks run on every rank, in the order the callbacks were given. A hook that makes a collective call (all-reduce,
+    broadcast) must do so on every rank at the same point, or the ranks wait on each other forever.
+
+    Example:
+        >>> class PrintLoss(Callback):
+        ...     def on_epoch_end(self, ctx):
+        ...         if ctx.rank == 0: print(ctx.epoch, ctx.metrics["train_loss"])
+    """
+
+    def on_train_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_epoch_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_step_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_step_end(self, ctx: TrainContext) -> None: ...
+
+    def on_epoch_end(self, ctx: TrainContext) -> None: ...
+
+    def on_train_end(self, ctx: TrainContext) -> None: ...
+
+
+class _Callbacks(Callback):
+    """Calls each hook of every callback in order."""
+
+    def __init__(self, callbacks: Sequence[Callback]) -> None:
+        self.callbacks = list(callbacks)
+
+    def _each(self, hook: str, ctx: TrainContext) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(ctx)
+
+    def on_train_begin(self, ctx): self._each("on_train_begin", ctx)  # noqa: E704
+
+    def on_epoch_begin(self, ctx): self._each("on_epoch_begin", ctx)  # noqa: E704
+
+    def on_step_begin(self, ctx): self._each("on_step_begin", ctx)  # noqa: E704
+
+    def on_step_end(self, ctx): self._each("on_step_end", ctx)  # noqa: E704
+
+    def on_epoch_end(self, ctx): self._each("on_epoch_end", ctx)  # noqa: E704
+
+    def on_train_end(self, ctx): self._each("on_train_end", ctx)  # noqa: E704
+
+
+class BeforeStep(Callback):
+    """``fn(epoch, step)`` before every step on every rank (teaching hooks, e.g. a slow rank in notebook 01)."""
+
+    def __init__(self, fn: Callable[[int, int], None]) -> None:
+        self.fn = fn
+
+    def on_step_begin(self, ctx: TrainContext) -> None:
+        self.fn(ctx.epoch, ctx.step)
+
+
+# Test samples per ``count_correct`` call: a model's activations for the whole test slice at once can exceed a
+# GPU's memory (and, on a CPU, the caches: an MLP 64-16384-10 scored 8,192 samples in 420 ms at once, 353 ms in
+# chunks of 512).
+EVAL_BATCH = 512
+
+
+def array_evaluator(backend: Any, data: Dataset, batch: int = EVAL_BATCH,
+                    shares: Callable[[], Sequence[float] | None] = lambda: None) -> Callable[[], Evaluation]:
+    """Accuracy on ``data``'s test arrays: each rank scores its contiguous part, cut by ``shares()`` (the shares of
+    the training steps in force, ``None`` for equal; :func:`~hvdsync.core.train.shares.share_slice`), ``batch`` samples
+    at a time (``backend.count_correct``).
+
+    With unequal shares a slow rank scores fewer samples too: the evaluation is part of every epoch, and split
+    equally it would make every rank wait for the slow one there as well.
+    """
+
+    def evaluate() -> Evaluation:
+        part = share_slice(len(data.x_test), backend.rank, backend.size, shares())
+        x, y = data.x_test[part], data.y_test[part]
+        correct = sum(backend.count_correct(x[i:i + batch], y[i:i + batch]) for i in range(0, len(x), batch))
+        return {"test_accuracy": (correct, len(x))}
+
+    return evaluate
+
+
+def plan_for(cfg: Any, dataset_size: int, world_size: int) -> ShardPlan:
+    """The shard plan ``cfg`` describes for ``dataset_size`` samples on ``world_size`` ranks."""
+    return ShardPlan(dataset_size, world_size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed,
+                     cfg.data.shuffle, growth=cfg.data.batch_growth)
+
+
+def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evaluation) -> dict[str, float]:
+    """One all-gather for the epoch's numbers. Every rank must return the same evaluation keys."""
+    names = sorted(evaluation)
+    pairs = [v if isinstance(v, (tuple, list)) else (float(v), 1.0) for v in (evaluation[n] for n in names)]
+    row = [local["loss_sum"], local["seen"], local["step_seconds"], local["epoch_seconds"], local["eval_seconds"]]
+    row += [float(x) for pair in pairs for x in pair]
+    g = backend.allgather(np.array(row, dtype=np.float64))
+    metrics = {
+        "train_loss": g[:, 0].sum() / max(1.0, g[:, 1].sum()),
+        "epoch_seconds": g[:, 3].max(),
+        "samples_per_second": g[:, 1].sum() / max(1e-9, g[:, 3].max()),
+        "step_seconds_max_rank": g[:, 2].max(),
+        "step_seconds_min_rank": g[:, 2].min(),
+        # The evaluation's part of the epoch (its test set is cut by the same shares as the steps).
+        "eval_seconds": g[:, 4].max(),
+    }
+    for i, name in enumerate(names):
+        total, count = g[:, 5 + 2 * i].sum(), g[:, 6 + 2 * i].sum()
+        metrics[name] = total / count if count else float("nan")
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar: Progress, start: int) -> dict:
+    backend, result, cfg = ctx.backend, ctx.result, ctx.cfg
+    loss_sum, seen, step_times = 0.0, 0, []
+    ctx.position = start
+    ctx.step = ctx.plan.steps_per_epoch(0, ctx.epoch) - ctx.plan.steps_per_epoch(start, ctx.epoch)
+    batches: Iterator = iter(steps.epoch_steps(ctx.epoch, start))
+    while not ctx.stop_training:
+        t = time.perf_counter()
+        with backend.timer.phase("data"):
+            item = next(batches, None)
+        if item is None:
+            break
+        micro, step = item
+        fetched = time.perf_counter() - t
+        callbacks.on_step_begin(ctx)
+        t = time.perf_counter()
+        step_loss = backend.train_step(micro, loss_scale(step.global_count, ctx.size, cfg.sync.op))
+        step_times.append(fetched + time.perf_counter() - t)  # a hook's own time (a slowed rank) is not the step's
+        loss_sum += step_loss
+        seen += step.local_count
+        result.optimizer_steps += 1
+        result.backward_passes += len(micro)  # micro-batches handed to the backend (array path: empty ones too)
+        ctx.step, ctx.global_step, ctx.position = ctx.step + 1, ctx.global_step + 1, ctx.position + step.global_count
+        ctx.last_step, ctx.metrics = step, {"loss": step_loss / max(1, step.local_count)}
+        bar.update(1, loss=ctx.metrics["loss"])
+        callbacks.on_step_end(ctx)
+    return {"loss_sum": loss_sum, "seen": seen, "step_seconds": float(np.mean(step_times)) if step_times else 0.0}
+
+
+def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
+             evaluate: Callable[[], Evaluation] | None = None, tracker: Tracker | None = None,
+             callbacks: Sequence[Callback] = (), resume: PlanState | None = None,
+             before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
+             params: Mapping[str, Any] | None = None, observe: bool = True) -> FitResult:
+    """Train ``backend`` on ``steps`` as ``cfg`` says; returns this rank's :class:`FitResult`.
+
+    Args:
+        cfg: a :class:`hvdsync.config.Config` (epochs, loss-scale op, tracking).
+        backend: the adapter's backend (the user's model, loss and optimizer; Horovod calls).
+        steps: a :class:`StepSource`; a :class:`~hvdsync.core.train.data.Dataset` is read through a
+            :class:`~hvdsync.core.train.loader.PlanLoader` with the plan ``cfg`` describes (then ``evaluate`` defaults to
+            the test accuracy by ``backend.count_correct``).
+        evaluate: called on every rank after each epoch; returns ``{metric: (sum, count)}`` over this rank's share
+            (or plain floats, averaged over ranks). None: no evaluation.
+        tracker: defaults to MLflow on rank 0 when ``cfg.tracking.enabled``.
+        callbacks: :class:`Callback` objects (tracking, profiling, elastic commits, ... plug in here).
+        resume: start from this plan position (e.g. ``PlanSampler.state_dict()`` or an elastic commit).
+        before_step: ``before_step(epoch, step)`` on every rank before each step (shorthand for a callback).
+        params: run parameters to record; default ``cfg.flat()`` with Horovod's knobs as this worker's environment
+            holds them (:func:`hvdsync.core.train.runtime.applied_params`): the record claims only settings that applied.
+        observe: run the :class:`~hvdsync.core.telemetry.observe.Observer` (per-step metrics, monitor checks, the run's
+            record and artifacts). The elastic loop turns it off: it re-enters after every reset.
+
+    Example:
+        >>> result = fit_loop(cfg, backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
+    """
+    rank, size = backend.rank, backend.size
+    if isinstance(steps, Dataset):
+        data = steps
+        steps = PlanLoader(data.x_train, data.y_train, plan_for(cfg, len(data.x_train), size), rank)
+        # The test set is cut by the shares in force (the plan's, which adaptive shares replace each epoch).
+        evaluate = evaluate if evaluate is not None else array_evaluator(backend, data, shares=lambda: ctx.plan.shares)
+    plan = steps.plan
+    if plan.world_size != size:
+        raise ValueError(f"steps: a plan for {plan.world_size} ranks is not allowed in a world of {size}; "
+                         f"build the plan (or PlanSampler) with world_size={size}")
+    resume = resume or PlanState()
+    tracker = tracker if tracker is not None else make_tracker(cfg.tracking, rank)
+    tracker.start(params={**(params if params is not None else applied_params(cfg)), "world_size": size},
+                  tags={"framework": backend.framework})
+    total = sum(plan.steps_per_epoch(resume.consumed if e == resume.epoch else 0, e)
+                for e in range(resume.epoch, cfg.train.epochs))
+    bar = Progress(total if resume.epoch < cfg.train.epochs else 0, rank,
+                   desc=progress_desc or f"{backend.framework} x{size}")
+    result = FitResult(backend.framework, size, rank, cfg.train.epochs, float("nan"))
+    ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed,
+                       steps=steps)
+    from hvdsync.core.train import adaptive  # here: these modules build on this module's Callback
+    from hvdsync.core.telemetry.observe import Observer
+
+    # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.telemetry.observe).
+    observers = [Observer()] if observe else []
+    own = list(observers)
+    if rank == cfg.data.test_slow_rank:  # tests and demonstrations only: this rank computes test_slowdown x slower
+        backend.timer.slow_down(cfg.data.test_slowdown)
+    if cfg.data.shares == "adaptive" or cfg.data.test_slow_rank >= 0:
+        own.append(adaptive.AdaptiveShares(adapt=cfg.data.shares == "adaptive"))
+    if plan.growth:
+        own.append(adaptive.GrowthLearningRate())
+    hooks = _Callbacks([*own, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
+    start = time.perf_counter()
+    try:
+        hooks.on_train_begin(ctx)
+        for epoch in range(resume.epoch, cfg.train.epochs):
+            ctx.epoch = epoch
+            hooks.on_epoch_begin(ctx)
+            epoch_start, tensors = time.perf_counter(), backend.wire.snapshot()["tensors"]
+            local = _train_epoch(ctx, steps, hooks, bar, resume.consumed if epoch == resume.epoch else 0)
+            eval_start = time.perf_counter()
+            evaluation = evaluate() if evaluate is not None else {}
+            # Under a test slowdown (data.test_slowdown) the slowed rank also scores that much slower, whichever
+            # evaluator runs: a slower processor is slower at everything it computes.
+            backend.timer.slow_after(time.perf_counter() - eval_start)
+            local["epoch_seconds"] = time.perf_counter() - epoch_start
+            local["eval_seconds"] = time.perf_counter() - eval_start
+            ctx.metrics = _gather_metrics(backend, local, evaluation)
+            # Counted (gradient tensors handed to Horovod), not computed from the plan: what a growing batch saves.
+            tensors = backend.wire.snapshot()["tensors"] - tensors
+            ctx.metrics["sync_rounds"] = tensors / max(1, backend.grad_tensors)
+            ctx.metrics["global_batch"] = float(plan.global_batch_at(epoch))
+            result.history.append({"epoch": epoch, **ctx.metrics})
+            tracker.log_metrics(ctx.metrics, step=epoch)
+            hooks.on_epoch_end(ctx)
+            if ctx.stop_training:
+                break
+        _finish(ctx, start)
+        ctx.status = "FINISHED"
+        return result
+    except BaseException:
+        ctx.status = "FAILED"
+        raise
+    finally:
+        bar.close()
+        try:
+            hooks.on_train_end(ctx)
+        finally:
+            tracker.finish(ctx.status)
+            # After finish: the tracker writes to a local spool first, and the run id is the store's answer.
+            result.run_id = tracker.run_id
+            result.warnings = [*(m for o in observers for m in o.messages), *tracker.messages]
+
+
+def _finish(ctx: TrainContext, start: float) -> None:
+    result, backend = ctx.result, ctx.backend
+    result.total_seconds = time.perf_counter() - start
+    result.test_accuracy = result.history[-1].get("test_accuracy", float("nan")) if result.history else float("nan")
+    # Samples over wall time of the whole run (not a mean of per-epoch rates, which a slow first epoch, e.g.
+    # TensorFlow tracing its graphs, would skew either way).
+    samples = sum(h["samples_per_second"] * h["epoch_seconds"] for h in result.history)
+    result.samples_per_second = samples / max(1e-9, result.total_seconds)
+    result.wire = backend.wire.snapshot()
+    result.allreduce_rounds = result.wire["tensors"] / max(1, backend.grad_tensors)
+    result.param_spread = monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters())))
+    result.phase_seconds = backend.timer.summary()
+    result.plan_state = ctx.plan_state.to_dict()
+    final = {"wire_bytes": result.wire["bytes"], "allreduce_rounds": result.allreduce_rounds,
+             "total_seconds": result.total_seconds}
+    if not math.isnan(result.test_accuracy):
+        final["final_test_accuracy"] = result.test_accuracy
+    ctx.tracker.log_metrics(final, step=ctx.cfg.train.epochs)

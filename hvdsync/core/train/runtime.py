@@ -1,0 +1,115 @@
+"""What a worker knows about itself, and Horovod's knobs applied the same way by every entry point, framework-free.
+
+Horovod reads its knobs (``HOROVOD_FUSION_THRESHOLD``, ``HOROVOD_CYCLE_TIME``, ``HOROVOD_CACHE_CAPACITY``) from the
+environment once, in ``hvd.init()``. hvdsync's launcher puts them in the workers' environment; a plain
+``horovodrun ... train.py --set sync.fusion_threshold_mb=8`` script has no launcher, so each adapter's ``init(cfg)``
+calls :func:`apply_horovod_env` just before ``hvd.init()``. The rule, the same in both paths: a variable that the
+user's environment already sets wins (an explicit ``export`` is a deliberate choice; hvdsync never overrides it), and
+the run's record shows the value that applied (:func:`applied_params`), never one that did not.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, MutableMapping
+
+REDUCE_OP_NAMES = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
+
+# Each knob: the config field it comes from, and how to turn the environment's string back into that field's value.
+KNOB_FIELDS = {
+    "HOROVOD_FUSION_THRESHOLD": ("sync.fusion_threshold_mb", lambda v: int(v) / (1024 * 1024)),
+    "HOROVOD_CYCLE_TIME": ("sync.cycle_time_ms", float),
+    "HOROVOD_CACHE_CAPACITY": ("sync.cache_capacity", int),
+}
+
+
+# Horovod 0.28.1 corrupts its heap when an elastic job re-initialises with these fixed (hvdsync/launch/elastic.py
+# says why): in an elastic worker (Horovod sets HOROVOD_ELASTIC=1) they keep Horovod's defaults.
+ELASTIC_UNSAFE_KNOBS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+
+
+@dataclass(frozen=True)
+class KnobDecision:
+    """One Horovod knob: the config's value, the value that applies, and where it came from."""
+
+    name: str
+    configured: str
+    applied: str
+    source: str  # "config" (hvdsync set it) or "environment" (the user's environment had it)
+
+
+def apply_horovod_env(sync: Any, environ: MutableMapping[str, str] | None = None,
+                      initialized: bool = False) -> list[KnobDecision]:
+    """Put ``sync.horovod_env()`` into ``environ`` (default ``os.environ``) where it is not set yet; call it before
+    ``hvd.init()``. A variable already set keeps its value. Returns one :class:`KnobDecision` per knob.
+    ``initialized``: Horovod already read its environment (an earlier ``hvd.init()``), so nothing is set: a value
+    written now would be recorded without having applied.
+
+    Example:
+        >>> env = {"HOROVOD_CYCLE_TIME": "5"}
+        >>> [d.source for d in apply_horovod_env(SyncConfig(), env)]  # doctest: +SKIP
+        ['config', 'environment', 'config']
+    """
+    environ = os.environ if environ is None else environ
+    decisions = []
+    for name, value in sync.horovod_env().items():
+        if initialized:
+            decisions.append(KnobDecision(name, value, environ.get(name, "Horovod's default"), "already initialized"))
+        elif name in environ:
+            decisions.append(KnobDecision(name, value, environ[name], "environment"))
+        elif environ.get("HOROVOD_ELASTIC") == "1" and name in ELASTIC_UNSAFE_KNOBS:
+            decisions.append(KnobDecision(name, value, "Horovod's default", "elastic"))
+        else:
+            environ[name] = value
+            decisions.append(KnobDecision(name, value, value, "config"))
+    return decisions
+
+
+_REPORTED: set[str] = set()
+
+
+def report_knobs(decisions: list[KnobDecision], rank: int, stream: Any = None) -> str | None:
+    """On rank 0, say once per process which knobs the environment overrode (nothing when the config's applied)."""
+    overridden = [d for d in decisions if d.source in ("environment", "already initialized")
+                  and d.applied != d.configured]
+    if rank != 0 or not overridden:
+        return None
+    why = {"environment": "from the environment wins", "already initialized": "stays (Horovod was initialised "
+           "before), not"}
+    parts = [f"{d.name}={d.applied} {why[d.source]} over {KNOB_FIELDS[d.name][0]} (config: {d.configured})"
+             for d in overridden]
+    message = "hvdsync: " + "; ".join(parts) + "; the run records the values that applied"
+    if message in _REPORTED:
+        return None
+    _REPORTED.add(message)
+    print(message, file=stream or sys.stderr, flush=True)
+    return message
+
+
+def applied_params(cfg: Any, environ: MutableMapping[str, str] | None = None) -> dict[str, Any]:
+    """``cfg.flat()`` with each Horovod knob replaced by the value the worker's environment holds (what Horovod
+    read at ``hvd.init()``), plus ``horovod.<VARIABLE>`` with the raw strings: what a run record should claim.
+    A variable that is not set is recorded as Horovod's default, not as the config's value."""
+    environ = os.environ if environ is None else environ
+    params = dict(cfg.flat())
+    for name, (field, parse) in KNOB_FIELDS.items():
+        if name not in environ:
+            params[field] = f"Horovod's default ({name} not set)"
+        else:
+            params[f"horovod.{name}"] = environ[name]
+            try:
+                value = parse(environ[name])
+                if value != params.get(field):  # equal: keep the config's spelling (64, not 64.0)
+                    params[field] = value
+            except ValueError:  # a value Horovod itself would misread: record the raw string, claim nothing else
+                params[field] = f"unparsable environment value {environ[name]!r}"
+    return params

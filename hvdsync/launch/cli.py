@@ -1,0 +1,137 @@
+"""The ``hvdsync`` command.
+
+    hvdsync train --framework torch --np 2 [--compression fp16] [--accumulate 4] [--config run.yaml] [--set k=v]
+    hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir DIR [--resume]
+    hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
+    hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/launch/runs.py)
+    hvdsync sweep --set sync.compression=none,fp16 --set sync.accumulate=1,4 [train options]
+
+Exit status: 0 on success, 2 for a bad config or command line (nothing started), 1 when a worker failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from hvdsync.launch import runs
+from hvdsync.config import Config, ConfigError
+
+# CLI flags that are shortcuts for config fields (so `--compression fp16` == `--set sync.compression=fp16`).
+SHORTCUTS = {
+    "framework": "train.framework", "np": "train.np", "epochs": "train.epochs", "lr": "train.lr",
+    "seed": "train.seed", "compression": "sync.compression", "accumulate": "sync.accumulate", "op": "sync.op",
+    "model": "train.model", "batch_size": "data.batch_size", "dataset": "data.dataset",
+    "experiment": "tracking.experiment", "tracking_uri": "tracking.tracking_uri", "min_np": "elastic.min_np",
+    "max_np": "elastic.max_np", "checkpoint_dir": "elastic.checkpoint_dir",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hvdsync", description="Synchronised data-parallel training on Horovod.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train on local Horovod workers (Gloo)")
+    _train_options(t)
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.add_argument("--log-dir", help="folder for the workers' log (default: a temporary folder)")
+    sub.add_parser("doctor", help="show what Horovod was built with and the versions in use")
+    runs.add_parsers(sub)
+    return p
+
+
+def _train_options(t: argparse.ArgumentParser) -> None:
+    """The config options of ``train`` (and ``sweep``, whose ``--set`` may list values: ``sync.accumulate=1,4``)."""
+    t.add_argument("--config", help="YAML config file (sections: sync, data, train, tracking, monitor, elastic)")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one config field; repeatable")
+    for flag, field in SHORTCUTS.items():
+        t.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"shortcut for --set {field}=...")
+    t.add_argument("--elastic", action="store_true", help="elastic job: survives lost workers, grows back "
+                   "(local hosts from a discovery script in --log-dir; see hvdsync.launch.elastic)")
+    t.add_argument("--resume", action="store_true", help="elastic: start from the newest valid checkpoint")
+    t.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
+    t.add_argument("--timeline", action="store_true", help="record Horovod's timeline and its per-tensor chart")
+    t.add_argument("--verbose", action="store_true", help="show worker output instead of a log file")
+
+
+def _config(ns: argparse.Namespace) -> Config:
+    overrides = list(ns.overrides)
+    for flag, field in SHORTCUTS.items():
+        value = getattr(ns, flag)
+        if value is not None:
+            overrides.append(f"{field}={value}")
+    if ns.no_track:
+        overrides.append("tracking.enabled=false")
+    if ns.timeline:
+        overrides.append("tracking.timeline=true")
+    if ns.elastic:
+        overrides.append("elastic.enabled=true")
+    if ns.resume:
+        overrides.append("elastic.resume=true")
+    return Config.load(ns.config, overrides)
+
+
+def _train(ns: argparse.Namespace) -> int:
+    from hvdsync import launch
+
+    cfg = _config(ns)  # every config error surfaces here, before any worker starts
+    os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
+    if cfg.elastic.enabled:
+        from hvdsync.launch import elastic as elastic_launch
+
+        result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+    else:
+        result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+    for message in getattr(result, "warnings", []):  # monitor alarms, a store that did not answer: once each
+        print(f"hvdsync: warning: {message}", file=sys.stderr)
+    print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
+    return 0
+
+
+def _doctor() -> int:
+    from importlib import metadata
+
+    from hvdsync.launch.local import horovod_frameworks
+
+    for name in ("hvdsync", "horovod", "torch", "tensorflow-cpu", "tensorflow", "keras", "mlflow", "numpy"):
+        try:
+            print(f"{name:>15} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    print(f"{'built for':>15} {', '.join(horovod_frameworks()) or 'nothing (Horovod missing)'}")
+    return subprocess.call(["horovodrun", "--check-build"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        if ns.command == "train":
+            return _train(ns)
+        if ns.command == "sweep":
+            # A --set listing several values is an axis of the grid; the others configure every run.
+            axes = [o for o in ns.overrides if "," in o.split("=", 1)[-1]]
+            ns.overrides = [o for o in ns.overrides if o not in axes]
+            if not axes:
+                raise ConfigError("--set: a sweep needs at least one field with several values, e.g. "
+                                  "--set sync.accumulate=1,4")
+            ns.sweeps = axes
+            return runs.main(ns, _config(ns))
+        if ns.command == "runs":
+            return runs.main(ns)
+        return _doctor()
+    except ConfigError as exc:
+        print(f"hvdsync: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a worker failure: say what happened, without a launcher traceback
+        from hvdsync.launch.local import WorkerError
+
+        if isinstance(exc, WorkerError):
+            print(f"hvdsync: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

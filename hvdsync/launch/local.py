@@ -1,0 +1,302 @@
+"""Start Horovod workers on this machine (Gloo over loopback) and bring their results back.
+
+This is what the CLI, the notebooks and the tests use instead of hand-built ``horovodrun`` command strings: it calls
+Horovod's own Python launcher (``horovod.runner.run``), which starts ``np`` worker processes, runs a picklable
+function in each and returns the per-rank return values.
+
+Quiet by default: worker output (with Horovod's ``[rank]<stdout>:`` prefixes and framework start-up lines) goes to
+a log file, and a tqdm bar in this process follows rank 0's progress. When a worker fails, the error shows the last
+lines of that log.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from hvdsync.config import Config, ConfigError
+from hvdsync.core.train.loop import FitResult
+from hvdsync.core.telemetry.progress import PROGRESS_ENV
+from hvdsync.core.train.runtime import apply_horovod_env
+from hvdsync.launch import worker
+from hvdsync.launch.worker import ADAPTERS  # noqa: F401 - part of this module's API
+from hvdsync.launch.workers import Workers
+
+# Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+# Horovod's compiled extension for each framework, relative to the horovod package.
+_EXTENSIONS = {"torch": "torch/mpi_lib_v2*.so", "tensorflow": "tensorflow/mpi_lib*.so"}
+
+
+class WorkerError(RuntimeError):
+    """A Horovod worker failed; the message carries the tail of the workers' log."""
+
+
+def horovod_frameworks() -> list[str]:
+    """Frameworks the installed Horovod was built for (by its compiled extensions; imports no framework)."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(list(spec.submodule_search_locations)[0])
+    return [name for name, pattern in _EXTENSIONS.items() if any(root.glob(pattern))]
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no worker: Horovod present, built for the framework, op supported by this build."""
+    built = horovod_frameworks()
+    if not built:
+        raise ConfigError("horovod: not installed in this environment; run `make install` (scripts/install.sh)")
+    if cfg.train.framework not in built:
+        raise ConfigError(f"train.framework: {cfg.train.framework!r} is not allowed with this Horovod build; "
+                          f"it was built for: {', '.join(built)} (rebuild with scripts/build_horovod.sh)")
+    if cfg.sync.op == "adasum" and not _mpi_built():
+        raise ConfigError("sync.op: 'adasum' is not allowed with this Horovod build (Adasum needs MPI; this build "
+                          "has Gloo only); choose one of: average, sum")
+
+
+@functools.cache
+def _linked(symbol: bytes) -> bool:
+    """Whether any of Horovod's compiled extensions names ``symbol``: read from the binaries, no framework import."""
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = Path(list(spec.submodule_search_locations)[0])
+    return any(symbol in lib.read_bytes() for pattern in _EXTENSIONS.values() for lib in root.glob(pattern))
+
+
+def _mpi_built() -> bool:
+    """Whether Horovod's extensions were linked with MPI (Adasum on CPU needs it): an MPI build references
+    ``MPI_Init_thread``; a Gloo-only build has no MPI symbol at all."""
+    return _linked(b"MPI_Init_thread")
+
+
+def _gloo_built() -> bool:
+    """Whether Horovod was built with Gloo (its controller class is in every extension built with it)."""
+    return _linked(b"GlooController")
+
+
+@contextlib.contextmanager
+def _build_checks_from_binaries() -> Iterator[None]:
+    """Answer the launcher's "built with Gloo / MPI?" questions from the binaries while Horovod starts a job.
+
+    Horovod's own checks (``horovod.common.util.gloo_built``/``mpi_built``) fork a process that imports
+    ``horovod.tensorflow`` first, so every launch, even of a PyTorch job, paid a TensorFlow import (seconds of CPU)
+    and that child printed TensorFlow's absl start-up lines into this terminal (its fd 2 is ours).
+    ``benchmarks/launch_overhead.py`` measures the difference.
+    """
+    import horovod.runner.launch as horovod_launch
+
+    answers = {"gloo_built": lambda verbose=False: _gloo_built(), "mpi_built": lambda verbose=False: _mpi_built()}
+    saved = {name: getattr(horovod_launch, name) for name in answers}
+    for name, answer in answers.items():
+        setattr(horovod_launch, name, answer)
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(horovod_launch, name, original)
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the workers (Horovod copies ``os.environ`` into each one), then restore."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _follow_progress(path: Path, stop: threading.Event, stream: Any) -> None:
+    """Turn rank 0's JSON progress lines into a tqdm bar in this process."""
+    from tqdm import tqdm
+
+    bar = None
+    with contextlib.suppress(FileNotFoundError):
+        path.touch()
+    with open(path) as f:
+        while True:
+            line = f.readline()
+            if not line:
+                if stop.is_set():
+                    break
+                stop.wait(0.1)
+                continue
+            record = json.loads(line)
+            if "total" in record:
+                if bar is not None:
+                    bar.close()
+                bar = tqdm(total=record["total"], desc=record.get("desc", "train"), file=stream, leave=True,
+                           dynamic_ncols=True)
+            elif bar is not None:
+                bar.update(record.pop("n", 1))
+                if record:
+                    bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()}, refresh=False)
+    if bar is not None:
+        bar.close()
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no worker log)"
+
+
+def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2, sync=None,
+        env: dict[str, str] | None = None, quiet: bool = True, progress: bool = True,
+        log_dir: str | Path | None = None, start_timeout: int = 120, runner_options: dict | None = None,
+        timeout: float | None = None) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``np`` local Horovod workers (Gloo) and return their results by rank.
+
+    Args:
+        fn: a picklable function (module-level, or defined in a notebook: cloudpickle sends it by value).
+        np: number of worker processes.
+        sync: a :class:`~hvdsync.config.SyncConfig` whose Horovod knobs (fusion threshold, cycle time, cache)
+            the workers get as environment variables (a variable already set in this environment wins).
+        env: extra environment variables for the workers.
+        quiet: keep worker output in ``<log_dir>/workers.log`` instead of this terminal.
+        progress: show rank 0's progress (from :class:`hvdsync.core.telemetry.progress.Progress`) as a bar here.
+        log_dir: where the workers' log goes (default: a temporary folder, removed after a success, kept on failure).
+        runner_options: more arguments for ``horovod.runner.run`` (an elastic job's discovery script, min/max
+            workers: :mod:`hvdsync.launch.elastic`); they replace the fixed ``localhost:np`` hosts.
+        timeout: seconds after which the workers are stopped and :class:`WorkerError` is raised with their Python
+            stacks (default: no limit). Whatever else ends the call early (Ctrl-C, a test framework's time limit)
+            stops the workers too, so no hung worker outlives it.
+
+    Example:
+        >>> def hello():
+        ...     import horovod.torch as hvd; hvd.init(); return hvd.rank()
+        >>> run(hello, np=2)  # doctest: +SKIP
+        [0, 1]
+    """
+    import cloudpickle
+    import horovod.runner as horovod_runner
+
+    if not isinstance(np, int) or isinstance(np, bool) or np < 1:
+        raise ConfigError(f"np: {np!r} is not allowed; expected an integer >= 1")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                    and timeout > 0):
+        raise ConfigError(f"timeout: {timeout!r} is not allowed; expected a number of seconds > 0, or None")
+    own_dir = log_dir is None  # a temporary folder of ours: removed after a success, kept (and named) on failure
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-run-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path, progress_path = log_dir / "workers.log", log_dir / "progress.jsonl"
+    # Quiet defaults and the config's knobs only where the user's environment has not set the variable (the rule
+    # of hvdsync.core.train.runtime.apply_horovod_env, which a worker's init applies again); then ``env``.
+    defaults = {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+    knobs = {d.name: d.applied for d in apply_horovod_env(sync, dict(os.environ)) if d.source == "config"} \
+        if sync is not None else {}
+    worker_env = {**defaults, **knobs, **(env or {})}
+    if progress:
+        progress_path.write_text("")
+        worker_env[PROGRESS_ENV] = str(progress_path)
+    terminal = sys.stderr
+    stop = threading.Event()
+    follower = threading.Thread(target=_follow_progress, args=(progress_path, stop, terminal), daemon=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(environ(worker_env))
+        log = stack.enter_context(open(log_path, "w", buffering=1))
+        if quiet:
+            # Horovod's launcher threads write worker lines to sys.stdout/sys.stderr: send them to the log.
+            stack.enter_context(contextlib.redirect_stdout(log))
+            stack.enter_context(contextlib.redirect_stderr(log))
+        if progress:
+            follower.start()
+        workers, expired = Workers(), threading.Event()
+        # Horovod's launcher points SIGINT/SIGTERM at its own shutdown event and never points them back: without
+        # restoring them, a notebook cell could not be interrupted after the first launch.
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} \
+            if threading.current_thread() is threading.main_thread() else {}
+        timer = threading.Timer(timeout, lambda: (expired.set(), workers.stop())) if timeout else None
+        try:
+            stack.enter_context(_build_checks_from_binaries())
+            payload = cloudpickle.dumps((fn, args, kwargs or {}))
+            where = runner_options or {"hosts": f"localhost:{np}"}
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            results = horovod_runner.run(worker.entry, args=(payload,), num_proc=np, use_gloo=True,
+                                         start_timeout=start_timeout, **where)
+        except Exception as exc:
+            log.flush()
+            if expired.is_set():
+                raise WorkerError(f"Horovod workers did not finish within timeout={timeout} s and were stopped; "
+                                  f"their Python stacks and last lines of {log_path}:\n"
+                                  f"{_tail(log_path, 120)}") from None
+            raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n"
+                              f"{_tail(log_path)}") from None
+        except BaseException:
+            # Interrupted from outside (a time limit, Ctrl-C outside Horovod's handler): the launcher's non-daemon
+            # threads would otherwise keep this interpreter alive for as long as the workers run.
+            workers.stop()
+            log.flush()
+            print(f"hvdsync.launch.local: interrupted; workers stopped. Their stacks and last lines of {log_path}:\n"
+                  f"{_tail(log_path, 120)}", file=terminal, flush=True)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            stop.set()
+            if progress:
+                follower.join(timeout=5)
+    if own_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return results
+
+
+def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None) -> FitResult:
+    """Train as ``cfg`` says on ``cfg.train.np`` local workers; returns rank 0's :class:`FitResult`.
+
+    Every config error and Horovod build mismatch is raised here, before any worker starts.
+    """
+    preflight(cfg)
+    results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, quiet=quiet,
+                  progress=progress, log_dir=log_dir)
+    return FitResult(**results[0])
+
+
+def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool = True,
+               log_dir: str | Path | None = None) -> list[dict]:
+    """Train several configs one after the other in *one* job of workers (one Horovod start-up for all); returns
+    rank 0's result of each, as :meth:`FitResult.to_dict` plus ``numel``, ``wire_bytes_per_step_formula`` (what
+    the codec's formula says one rank hands to Horovod per step), ``skipped_steps`` (mixed precision) and
+    ``step_spread_max`` (with ``check_every_step``: the largest difference between the ranks' parameter
+    fingerprints after any step; 0.0 means identical after every step).
+
+    All configs must ask for the same ``train.np`` and the same Horovod knobs (the workers are started once).
+
+    Example:
+        >>> base = Config.from_dict({"train": {"epochs": 3}, "tracking": {"enabled": False}})
+        >>> results = train_many([base.replace(sync={"compression": c}) for c in ("none", "topk:0.01")])  # doctest: +SKIP
+    """
+    if not cfgs:
+        return []
+    for cfg in cfgs:
+        preflight(cfg)
+    first = cfgs[0]
+    for cfg in cfgs[1:]:
+        if cfg.train.np != first.train.np or cfg.sync.horovod_env() != first.sync.horovod_env():
+            raise ConfigError("train_many: every config must use the same train.np and Horovod knobs "
+                              "(sync.fusion_threshold_mb, sync.cycle_time_ms, sync.cache_capacity)")
+    results = run(worker.fit_many, args=([c.to_dict() for c in cfgs], check_every_step), np=first.train.np,
+                  sync=first.sync, quiet=quiet, progress=False, log_dir=log_dir)
+    return results[0]

@@ -1,0 +1,105 @@
+"""The one entry point of every worker that hvdsync starts, and the jobs those workers run.
+
+Every launcher (:func:`hvdsync.launch.run`, the elastic launcher, ``hvdsync sweep``) hands Horovod's runner
+:func:`entry` with a cloudpickled ``(fn, args, kwargs)``. :func:`entry` quiets the framework's start-up lines before
+anything can import it, registers the stack dump a launch asks for when it gives up on a worker, then calls ``fn``.
+The jobs below are the ``fn`` of the built-in commands: :func:`fit` (``hvdsync train``), :func:`fit_many` (several
+configs in one job: ``hvdsync sweep`` and :func:`hvdsync.launch.train_many`) and :func:`fit_elastic`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import traceback
+from pathlib import Path
+
+from hvdsync.config import Config
+from hvdsync.core.elastic.loop import RUN_DIR_ENV
+from hvdsync.launch.workers import STACKS_SIGNAL
+
+# The adapter module for each framework name (a registry, not a branch per framework).
+ADAPTERS = {"torch": "hvdsync.torch", "tensorflow": "hvdsync.tensorflow"}
+
+
+def adapter(cfg: Config):
+    """The adapter module ``cfg.train.framework`` names."""
+    return importlib.import_module(ADAPTERS[cfg.train.framework])
+
+
+def entry(payload: bytes):
+    """Runs in each worker: filter TensorFlow's start-up lines (:mod:`hvdsync.launch.quiet`) before anything can
+    import it (unpickling the function may import the user's module, which may import TensorFlow), then call it."""
+    import faulthandler
+
+    import cloudpickle
+
+    from hvdsync.launch.quiet import quiet_imports
+
+    # A launch that gives up on this worker asks for its stacks first (hvdsync.launch.workers): the log says where.
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    quiet_imports()
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return fn(*args, **kwargs)
+
+
+def fit(cfg_dict: dict) -> dict:
+    """Runs in each worker: build the config again (validated) and call the framework adapter's ``fit``."""
+    cfg = Config.from_dict(cfg_dict)
+    return adapter(cfg).fit(cfg).to_dict()
+
+
+def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict]:
+    """Inside a worker: train every config in turn (one Horovod start-up for all); see :func:`hvdsync.launch.train_many`."""
+    from hvdsync import datasets
+    from hvdsync.core.comm.codecs import get_codec
+    from hvdsync.core.telemetry import monitor
+    from hvdsync.core.train.loop import fit_loop
+
+    out = []
+    for cfg_dict in cfg_dicts:
+        cfg = Config.from_dict(cfg_dict)
+        framework = adapter(cfg)
+        framework.init(cfg)
+        data = datasets.load(cfg.data, cfg.train.seed)
+        backend = framework.build(cfg, data)
+        spreads: list[float] = []
+        if check_every_step:
+            step = backend.train_step
+
+            def checked_step(micro, scale, step=step, backend=backend, spreads=spreads):
+                loss = step(micro, scale)
+                # Every rank's parameter fingerprint after the step: any difference is a divergence.
+                spreads.append(monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters()))))
+                return loss
+
+            backend.train_step = checked_step
+        result = fit_loop(cfg, backend, data).to_dict()
+        codec = get_codec(cfg.sync.compression)
+        params = backend.parameters()
+        result["numel"] = int(sum(p.size for p in params))
+        result["wire_bytes_per_step_formula"] = int(sum(codec.wire_bytes(p.shape, p.itemsize) for p in params))
+        result["step_spread_max"] = max(spreads) if spreads else None
+        precision = getattr(backend, "precision", None)
+        result["skipped_steps"] = getattr(precision, "skipped_steps", 0)
+        result["config"] = cfg.to_dict()
+        out.append(result)
+    return out
+
+
+def fit_elastic(cfg_dict: dict, record_reads: bool) -> dict:
+    """Runs in each worker: the adapter's ``fit_elastic``; a Python error becomes a traceback file and exit 0."""
+    run_dir, host = Path(os.environ[RUN_DIR_ENV]), os.environ.get("HOROVOD_HOSTNAME", "localhost")
+    (run_dir / "pids").mkdir(exist_ok=True)
+    (run_dir / "pids" / f"{host}.pid").write_text(str(os.getpid()))
+    try:
+        cfg = Config.from_dict(cfg_dict)
+        result = adapter(cfg).fit_elastic(cfg, record_reads=record_reads).to_dict()
+        # Horovod's run_task files the result under HOROVOD_RANK, the rank this process *started* with; after a
+        # reset the ranks are reassigned, and the launcher reads rank 0's key: file it under the rank it has now.
+        os.environ["HOROVOD_RANK"] = str(result["rank"])
+        return result
+    except Exception:  # noqa: BLE001 - reported to the launcher, which raises it with this traceback
+        text = traceback.format_exc()
+        (run_dir / "errors").mkdir(exist_ok=True)
+        (run_dir / "errors" / f"{host}-{os.getpid()}.txt").write_text(text)
+        return {"error": text}
