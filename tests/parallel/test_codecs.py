@@ -1,23 +1,23 @@
 """Every codec and mixed precision on real Horovod workers (2 processes, Gloo), in both frameworks.
 
-One worker job per framework (tests/parallel/codec_checks.py) trains digits with every codec, comparing the ranks'
+One worker job per framework (tests/parallel/codecs_workers.py) trains digits with every codec, comparing the ranks'
 parameters after every step, then forces an fp16 overflow on rank 0 only; each test asserts one promise.
 """
 import cloudpickle
 import pytest
 
 from hvdsync import launch
-from tests.parallel import codec_checks
+from tests.parallel import codecs_workers
 
-cloudpickle.register_pickle_by_value(codec_checks)
+cloudpickle.register_pickle_by_value(codecs_workers)
 FRAMEWORKS = ["torch", "tensorflow"]
 
 
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def checks(request):
-    results = launch.run(codec_checks.all_checks, args=(request.param,), np=2, progress=False)
+    results = launch.run(codecs_workers.all_checks, args=(request.param,), np=2, progress=False)
     assert len(results) == 2
-    plain, momentum = results[0]["runs"][:len(codec_checks.CODECS)], results[0]["runs"][len(codec_checks.CODECS):]
+    plain, momentum = results[0]["runs"][:len(codecs_workers.CODECS)], results[0]["runs"][len(codecs_workers.CODECS):]
     runs = {(r["config"]["sync"]["compression"], r["config"]["sync"]["error_feedback"]): r for r in plain}
     momentum_runs = {(r["config"]["sync"]["compression"], r["config"]["sync"]["momentum_correction"]): r
                      for r in momentum}
@@ -59,7 +59,7 @@ def test_compression_ratios(checks):
 
 
 def test_each_codec_trains_digits_above_its_stated_accuracy(checks):
-    for spec, ef, stated in codec_checks.CODECS:
+    for spec, ef, stated in codecs_workers.CODECS:
         assert checks["runs"][(spec, ef)]["test_accuracy"] >= stated, (spec, ef)
 
 
@@ -77,7 +77,7 @@ def test_targets_against_no_compression(checks):
 
 def test_momentum_correction_makes_topk_train_with_sgd_momentum(checks):
     runs = checks["momentum_runs"]
-    for spec, mc, stated in codec_checks.MOMENTUM:
+    for spec, mc, stated in codecs_workers.MOMENTUM:
         assert runs[(spec, mc)]["test_accuracy"] >= stated, (spec, mc)
     # Without the correction the residual's late values are amplified by the optimizer's momentum a second time.
     assert runs[("topk:0.01", True)]["test_accuracy"] > runs[("topk:0.01", False)]["test_accuracy"] + 0.02

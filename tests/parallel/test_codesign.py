@@ -1,7 +1,7 @@
 """Co-design with the model on real Horovod workers (2 processes, Gloo), in both frameworks: sparse gradients of a
 100k-row embedding table (sync.sparse allgather against dense) and synchronised against local batch norm.
 
-One worker job per framework (tests/parallel/codesign_checks.py); each test asserts one promise.
+One worker job per framework (tests/parallel/codesign_workers.py); each test asserts one promise.
 """
 import cloudpickle
 import numpy as np
@@ -9,14 +9,14 @@ import pytest
 
 from hvdsync import launch
 from hvdsync.core.comm import sparse
-from tests.parallel import codesign_checks
+from tests.parallel import codesign_workers
 
-cloudpickle.register_pickle_by_value(codesign_checks)
+cloudpickle.register_pickle_by_value(codesign_workers)
 
 
 @pytest.fixture(scope="module", params=["torch", "tensorflow"])
 def checks(request):
-    results = launch.run(codesign_checks.all_checks, args=(request.param,), np=2, progress=False)
+    results = launch.run(codesign_workers.all_checks, args=(request.param,), np=2, progress=False)
     assert len(results) == 2
     for r in results:  # shown with pytest -s (and on failure)
         none = r["none"]

@@ -1,22 +1,22 @@
 """Elastic Keras ``fit`` of the user's own model (``hvdsync.tensorflow.keras_fit`` + ``ElasticStateCallback``) on a
 real elastic job: 2 local hosts, the second one's worker SIGKILLs itself before step 7 (tests/parallel/
-keras_elastic_checks.py), the survivor restores the commit of step 6 and fits on alone."""
+elastic_keras_fit_workers.py), the survivor restores the commit of step 6 and fits on alone."""
 import cloudpickle
 import pytest
 
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.core.train.sharding import ShardPlan
-from tests.parallel import elastic_jobs, keras_elastic_checks
+from tests.parallel import elastic_workers, elastic_keras_fit_workers
 
-cloudpickle.register_pickle_by_value(keras_elastic_checks)
-HOSTS = elastic_jobs.HOSTS
+cloudpickle.register_pickle_by_value(elastic_keras_fit_workers)
+HOSTS = elastic_workers.HOSTS
 pytestmark = pytest.mark.skipif(len(HOSTS) < 2, reason="needs 2 local host names")
 
 
 @pytest.fixture(scope="module")
 def lost_worker(tmp_path_factory):
-    cfg = elastic_jobs.config("tensorflow")   # 2 epochs of digits, batch 16 per rank, commit every 2 steps
-    return elastic_launch.run_elastic(keras_elastic_checks.keras_fit, (cfg.to_dict(),), cfg.elastic, 2,
+    cfg = elastic_workers.config("tensorflow")   # 2 epochs of digits, batch 16 per rank, commit every 2 steps
+    return elastic_launch.run_elastic(elastic_keras_fit_workers.keras_fit, (cfg.to_dict(),), cfg.elastic, 2,
                                       tmp_path_factory.mktemp("keras-fit"), hosts=HOSTS[:2],
                                       faults=f"kill@6:{HOSTS[1]}", progress=False)[0]
 

@@ -1,25 +1,25 @@
 """Elastic TensorFlow (Keras 3) on real Horovod workers: hvdsync's own state, because Horovod's fails on Keras 3.
 
-The same jobs as the PyTorch tests (tests/parallel/elastic_jobs.py): a worker SIGKILLed mid-epoch and a host added
+The same jobs as the PyTorch tests (tests/parallel/elastic_workers.py): a worker SIGKILLed mid-epoch and a host added
 (the joining worker must receive every Keras variable from rank 0, which Horovod's TF2 state never broadcasts),
 and a lost job resumed from a damaged checkpoint directory.
 """
 import numpy as np
 import pytest
 
-from tests.parallel import elastic_jobs
+from tests.parallel import elastic_workers
 
-pytestmark = pytest.mark.skipif(len(elastic_jobs.HOSTS) < 3, reason="needs 3 local host names")
+pytestmark = pytest.mark.skipif(len(elastic_workers.HOSTS) < 3, reason="needs 3 local host names")
 
 
 @pytest.fixture(scope="module")
 def grown(tmp_path_factory):
-    return elastic_jobs.shrink_and_grow("tensorflow", tmp_path_factory.mktemp("tf-grow"))
+    return elastic_workers.shrink_and_grow("tensorflow", tmp_path_factory.mktemp("tf-grow"))
 
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    return elastic_jobs.kill_and_resume("tensorflow", tmp_path_factory.mktemp("tf-resume"))
+    return elastic_workers.kill_and_resume("tensorflow", tmp_path_factory.mktemp("tf-resume"))
 
 
 def test_a_killed_worker_is_a_reset_not_a_dead_job(grown):

@@ -20,19 +20,19 @@ import pytest
 
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.launch.local import WorkerError
-from tests.parallel import elastic_jobs
+from tests.parallel import elastic_workers
 
 BIN = Path(sys.executable).parent
-HOSTS = elastic_jobs.HOSTS
+HOSTS = elastic_workers.HOSTS
 pytestmark = pytest.mark.skipif(len(HOSTS) < 3, reason=f"needs 3 local host names, found {HOSTS}")
-_cfg, _wait_for = elastic_jobs.config, elastic_jobs.wait_for
+_cfg, _wait_for = elastic_workers.config, elastic_workers.wait_for
 
 
 @pytest.fixture(scope="module")
 def shrink_and_grow(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("elastic-torch")
     tracking = {"enabled": True, "tracking_uri": f"sqlite:///{run_dir / 'mlflow.db'}"}
-    return elastic_jobs.shrink_and_grow("torch", run_dir, tracking=tracking), run_dir
+    return elastic_workers.shrink_and_grow("torch", run_dir, tracking=tracking), run_dir
 
 
 def test_a_killed_worker_leaves_the_job_running_on_the_survivor(shrink_and_grow):

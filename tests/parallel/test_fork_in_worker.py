@@ -5,7 +5,7 @@ tensor that has a Python object, and without scripts/horovod-patches/0006 the th
 thread state each time, holding CPython's runtime lock outside the GIL. A fork() at that moment left the child
 with the lock held, and on CPython 3.11 before its fix (gh-112275) the child slept forever in
 PyOS_AfterFork_Child: a DataLoader waited for a batch that never came and the other rank for its all-reduce (a
-hung 2-worker job about once in 40 runs of tests/parallel/torch_user_checks.py). Forking right after
+hung 2-worker job about once in 40 runs of tests/parallel/torch_user_data_workers.py). Forking right after
 ``synchronize`` hits that moment often: 7 of 2,000 children hung on the unpatched build.
 """
 from hvdsync import launch

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 
 from hvdsync import launch
-from tests.parallel import grouped_checks
+from tests.parallel import grouped_workers
 
-cloudpickle.register_pickle_by_value(grouped_checks)
+cloudpickle.register_pickle_by_value(grouped_workers)
 
 
 @pytest.fixture(scope="module")
 def runs():
-    results = launch.run(grouped_checks.run_checks, np=2, progress=False)
+    results = launch.run(grouped_workers.run_checks, np=2, progress=False)
     assert [r["rank"] for r in results] == [0, 1] and results[0]["size"] == 2
     return results
 

@@ -3,23 +3,23 @@
 Each job trains synchronous SGD, local SGD with H = 4 and H = 8 and post-local SGD (8 synchronous steps, then
 H = 4) from the same start over the same samples, records every rank's parameter fingerprint after every step, and
 runs the user's own path (torch: a hand-written loop with Adam; Keras: ``compile``/``fit``); see
-tests/parallel/local_sgd_checks.py. Rounds are what the optimizers counted as they issued the all-reduces.
+tests/parallel/local_sgd_workers.py. Rounds are what the optimizers counted as they issued the all-reduces.
 """
 import cloudpickle
 import pytest
 
 from hvdsync import launch
 from hvdsync.core.comm.schemes import local_sgd
-from tests.parallel import local_sgd_checks
+from tests.parallel import local_sgd_workers
 
-cloudpickle.register_pickle_by_value(local_sgd_checks)
+cloudpickle.register_pickle_by_value(local_sgd_workers)
 
 PERIODS = {"h4": (4, 0), "h8": (8, 0), "post": (4, 8)}
 
 
 @pytest.fixture(scope="module", params=["torch", "tensorflow"])
 def job(request):
-    fn = local_sgd_checks.run_torch if request.param == "torch" else local_sgd_checks.run_tensorflow
+    fn = local_sgd_workers.run_torch if request.param == "torch" else local_sgd_workers.run_tensorflow
     results = launch.run(fn, np=2, progress=False)
     assert [r["size"] for r in results] == [2, 2]
     return results

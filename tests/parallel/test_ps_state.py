@@ -1,7 +1,7 @@
 """A parameter server's optimizer state survives checkpoints and elastic restores (``sync.mode: ps``, PyTorch).
 
 Each owner holds the optimizer state (SGD momentum, Adam's moments and step) of its shard only. One job of 2 real
-Horovod workers and one of 1 (tests/parallel/ps_state_checks.py) train hvdsync's MLP on digits, commit after
+Horovod workers and one of 1 (tests/parallel/ps_state_workers.py) train hvdsync's MLP on digits, commit after
 k = 8 steps (rank 0 writes a durable checkpoint), and resume from it with another random model, at the same
 world size, with another number of servers (2 shards -> 1 and 1 -> 2), into plain all-reduce, and with one
 worker (2 shards -> 1). Every resumed run must end where the uninterrupted run ends after 2k steps: the same
@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 
 from hvdsync import launch
-from tests.parallel import ps_state_checks
+from tests.parallel import ps_state_workers
 
-cloudpickle.register_pickle_by_value(ps_state_checks)
-OPTIMIZERS = ps_state_checks.OPTIMIZERS
+cloudpickle.register_pickle_by_value(ps_state_workers)
+OPTIMIZERS = ps_state_workers.OPTIMIZERS
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("ps-state")
-    two = launch.run(ps_state_checks.same_world, args=(str(root),), np=2, progress=False)
-    one = launch.run(ps_state_checks.other_world, args=(str(root),), np=1, progress=False)
+    two = launch.run(ps_state_workers.same_world, args=(str(root),), np=2, progress=False)
+    one = launch.run(ps_state_workers.other_world, args=(str(root),), np=1, progress=False)
     return two, one[0]
 
 

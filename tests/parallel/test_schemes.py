@@ -1,7 +1,7 @@
 """Sync modes (parameter server, gossip) and the overlap probe on real Horovod workers (2 processes, Gloo).
 
 One pair of workers trains every mode and runs one round of each against the numpy simulation at W = 2
-(tests/parallel/scheme_checks.py); two more jobs run the overlap probe under Horovod's timeline at two fusion
+(tests/parallel/schemes_workers.py); two more jobs run the overlap probe under Horovod's timeline at two fusion
 thresholds. World size 2 makes the ring and the neighbour exchange coincide: the 4- and 8-rank behaviour is
 tested on the numpy simulations (tests/unit/test_schemes.py).
 """
@@ -14,14 +14,14 @@ from hvdsync.config import SyncConfig
 from hvdsync.core.telemetry import timeline
 from hvdsync.core.comm.schemes import gossip, ps
 from hvdlab.torch import overlap
-from tests.parallel import scheme_checks
+from tests.parallel import schemes_workers
 
-cloudpickle.register_pickle_by_value(scheme_checks)
+cloudpickle.register_pickle_by_value(schemes_workers)
 
 
 @pytest.fixture(scope="module")
 def checks():
-    results = launch.run(scheme_checks.run_checks, np=2, progress=False)
+    results = launch.run(schemes_workers.run_checks, np=2, progress=False)
     assert [r["size"] for r in results] == [2, 2]
     return results
 

@@ -1,6 +1,6 @@
 """Straggler-aware shares and a growing batch on real Horovod workers (2 processes, Gloo), both frameworks.
 
-One job per framework runs every check (tests/parallel/share_checks.py); each test asserts one promise. Rank 1
+One job per framework runs every check (tests/parallel/shares_workers.py); each test asserts one promise. Rank 1
 computes 4x slower (the test-only ``data.test_slow_rank``). Speed is not asserted here (a noisy machine): the
 epoch-time ratio is printed by benchmarks/shares.py and notebook 08.
 """
@@ -10,11 +10,11 @@ import cloudpickle
 import pytest
 
 from hvdsync import launch
-from tests.parallel import share_checks
+from tests.parallel import shares_workers
 
-cloudpickle.register_pickle_by_value(share_checks)
+cloudpickle.register_pickle_by_value(shares_workers)
 
-CHECKS = {"torch": share_checks.torch_checks, "tensorflow": share_checks.tf_checks}
+CHECKS = {"torch": shares_workers.torch_workers, "tensorflow": shares_workers.tensorflow_workers}
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKS))
@@ -26,7 +26,7 @@ def checks(request):
 
 def test_every_sample_is_read_exactly_once_per_epoch_with_adaptive_shares(checks):
     r = checks[0]
-    assert len(r["reads_per_epoch"]) == share_checks.EPOCHS
+    assert len(r["reads_per_epoch"]) == shares_workers.EPOCHS
     assert all(set(epoch) == {1} for epoch in r["reads_per_epoch"])   # counted where the samples are read
 
 

@@ -1,6 +1,6 @@
 """The TensorFlow adapter on real Horovod workers (2 local Gloo processes).
 
-TensorFlow's import is the slow part, so the in-worker checks share one launch (``tf_checks.run_all``: a module-scoped
+TensorFlow's import is the slow part, so the in-worker checks share one launch (``tensorflow_workers.run_all``: a module-scoped
 fixture) and the tests below assert on the numbers it brings back. Three more launches test what a user runs: the
 ``hvdsync`` CLI for both frameworks on one YAML config (into one MLflow store), and ``horovodrun`` on the example.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hvdsync.launch.local import horovod_frameworks, run
-from tests.parallel import tf_checks
+from tests.parallel import tensorflow_workers
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -32,7 +32,7 @@ STARTUP_LINE = re.compile(r"^.*(?:oneDNN custom operations|cpu_feature_guard|abs
 pytestmark = pytest.mark.skipif("tensorflow" not in horovod_frameworks(), reason="Horovod built without TensorFlow")
 
 # Workers unpickle the checks by value: they need not import the tests package.
-cloudpickle.register_pickle_by_value(tf_checks)
+cloudpickle.register_pickle_by_value(tensorflow_workers)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def ranks(tmp_path_factory):
     """Both ranks' results of every in-worker check (one launch, ~20-60 s on 2 cores)."""
     log_dir = tmp_path_factory.mktemp("tf-workers")
     uri = f"sqlite:///{log_dir / 'mlflow.db'}"
-    results = run(tf_checks.run_all, kwargs={"tracking_uri": uri}, np=2, progress=False, log_dir=log_dir,
+    results = run(tensorflow_workers.run_all, kwargs={"tracking_uri": uri}, np=2, progress=False, log_dir=log_dir,
                   env={"TF_ENABLE_ONEDNN_OPTS": "1"})
     for r in results:
         r["log"], r["tracking_uri"] = (log_dir / "workers.log").read_text(), uri
@@ -91,7 +91,7 @@ def test_fit_one_graph_step_puts_a_late_ranks_wait_in_sync_wait(ranks):
     # Rank 1 starts each step LATE_S late. The step is one graph timed by its own clock reads; placed wrong, rank 0's
     # wait would land in compute or update instead.
     c0, c1 = ranks[0]["phases"], ranks[1]["phases"]
-    late = c0["steps"] * tf_checks.LATE_S
+    late = c0["steps"] * tensorflow_workers.LATE_S
     for c in (c0, c1):  # one graph per step, the three-graph path never taken
         assert c["steps"] >= 6 and c["traces"]["step_first"] == 1 and c["traces"]["synchronize"] == 0, c
     assert c0["phases"]["sync_wait"] >= 0.8 * late, c0
@@ -248,11 +248,11 @@ def test_mlflow_callback_records_rank_0s_global_metrics(ranks):
 def test_warmup_reaches_the_target_lr_at_the_stated_epoch(root):
     lrs = root["keras_warmup"]["lrs"]  # at each batch: 6 per epoch, 3 epochs, warm-up over 2, target 0.5
     assert len(lrs) == 18
-    assert lrs[0] == pytest.approx(tf_checks.LR / 2)  # the one-worker rate (target / world size)
+    assert lrs[0] == pytest.approx(tensorflow_workers.LR / 2)  # the one-worker rate (target / world size)
     assert all(a < b for a, b in zip(lrs[:12], lrs[1:12]))  # rising through epochs 0 and 1
-    assert lrs[11] < tf_checks.LR
-    assert lrs[12:] == pytest.approx([tf_checks.LR] * 6)  # from epoch 2 on: the target
-    assert root["keras_warmup"]["history"]["learning_rate"][1:] == pytest.approx([tf_checks.LR] * 2)
+    assert lrs[11] < tensorflow_workers.LR
+    assert lrs[12:] == pytest.approx([tensorflow_workers.LR] * 6)  # from epoch 2 on: the target
+    assert root["keras_warmup"]["history"]["learning_rate"][1:] == pytest.approx([tensorflow_workers.LR] * 2)
 
 
 def test_fit_trains_the_users_cnn_with_the_users_loss(ranks):

@@ -1,6 +1,6 @@
 """PyTorch adapter on real Horovod workers (2 processes, Gloo).
 
-One pair of workers runs every numeric check (tests/parallel/torch_checks.py) and returns the numbers; each test
+One pair of workers runs every numeric check (tests/parallel/torch_workers.py) and returns the numbers; each test
 asserts one promise. Two more launches train for real: the CLI and a plain `horovodrun` user script.
 """
 import json
@@ -14,16 +14,16 @@ import cloudpickle
 import pytest
 
 from hvdsync import launch
-from tests.parallel import torch_checks
+from tests.parallel import torch_workers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
-cloudpickle.register_pickle_by_value(torch_checks)
+cloudpickle.register_pickle_by_value(torch_workers)
 
 
 @pytest.fixture(scope="module")
 def checks():
-    results = launch.run(torch_checks.run_checks, np=2, progress=False)
+    results = launch.run(torch_workers.run_checks, np=2, progress=False)
     assert len(results) == 2
     return results
 

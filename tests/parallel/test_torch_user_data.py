@@ -1,20 +1,20 @@
 """Your own model, loss and Dataset with hvdsync.torch on real Horovod workers (2 processes, Gloo).
 
-One pair of workers runs every check (tests/parallel/torch_user_checks.py) and returns the numbers; each test
+One pair of workers runs every check (tests/parallel/torch_user_data_workers.py) and returns the numbers; each test
 asserts one promise. (Horovod's knobs in a plain `horovodrun` script: tests/parallel/test_torch.py.)
 """
 import cloudpickle
 import pytest
 
 from hvdsync import launch
-from tests.parallel import torch_user_checks
+from tests.parallel import torch_user_data_workers
 
-cloudpickle.register_pickle_by_value(torch_user_checks)
+cloudpickle.register_pickle_by_value(torch_user_data_workers)
 
 
 @pytest.fixture(scope="module")
 def checks():
-    results = launch.run(torch_user_checks.run_checks, np=2, progress=False)
+    results = launch.run(torch_user_data_workers.run_checks, np=2, progress=False)
     assert len(results) == 2
     return results
 

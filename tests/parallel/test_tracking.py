@@ -27,9 +27,9 @@ from hvdsync.launch import cli
 from hvdsync import launch
 from hvdsync.core.telemetry import monitor
 from hvdsync.core.telemetry.spool import Spool
-from tests.parallel import tracking_checks
+from tests.parallel import tracking_workers
 
-cloudpickle.register_pickle_by_value(tracking_checks)
+cloudpickle.register_pickle_by_value(tracking_workers)
 SECRET = "s3cr3t-value-that-must-not-leak"
 DESYNC_STEP, SLOW_SECONDS, EVERY = 6, 0.1, 2
 
@@ -102,7 +102,7 @@ def job(server, tmp_path_factory):
             _cfg(server.uri, tmp / "spool", "det", **det),
             _cfg("", tmp / "spool", "det", **det), DESYNC_STEP, SLOW_SECONDS)
     env = {"HVDSYNC_TEST_API_TOKEN": SECRET, "MLFLOW_TRACKING_URI": embedded}
-    results = launch.run(tracking_checks.run_job, args=args, np=2, env=env, progress=False, log_dir=tmp / "logs")
+    results = launch.run(tracking_workers.run_job, args=args, np=2, env=env, progress=False, log_dir=tmp / "logs")
     return {"server": mlflow.MlflowClient(server.uri), "embedded": mlflow.MlflowClient(embedded),
             "embedded_uri": embedded, "ranks": results, "log": (tmp / "logs" / "workers.log").read_text(),
             **results[0]}
@@ -216,7 +216,7 @@ def test_a_server_killed_mid_run_costs_no_metric(server, tmp_path):
     killer.start()
     start = time.perf_counter()
     try:  # Horovod's launcher needs the main thread (it sets signal handlers)
-        ranks = launch.run(tracking_checks.run_long, args=(raw, step_seconds), np=2, progress=False,
+        ranks = launch.run(tracking_workers.run_long, args=(raw, step_seconds), np=2, progress=False,
                            log_dir=tmp_path / "logs")
     finally:
         stop.set()

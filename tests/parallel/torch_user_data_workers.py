@@ -152,7 +152,7 @@ def run_checks(seed=5, batch=16, accumulate=2, epochs=4):
 
 
 if __name__ == "__main__":
-    # The figures the README states: `python -m tests.parallel.torch_user_checks` (2 local workers).
+    # The figures the README states: `python -m tests.parallel.torch_user_data_workers` (2 local workers).
     import json
 
     from hvdsync import launch

@@ -69,7 +69,7 @@ def test_dockerfiles_use_the_install_script_and_bring_what_it_needs():
     for name in ("Dockerfile.cpu", "Dockerfile.gpu"):
         text = (ROOT / "docker" / name).read_text().replace("\\\n", " ")   # join continued lines
         assert re.search(r"^RUN .*bash scripts/install\.sh", text, re.M), name
-        # hvdsync itself goes in last, from the build context mounted for one step (tests/unit/test_docker.py).
+        # hvdsync itself goes in last, from the build context mounted for one step (tests/repo/test_docker.py).
         assert re.search(r"^RUN --mount=type=bind,target=(\S+),rw .*pip install .*--no-deps .*\1$", text, re.M), name
         froms = re.findall(r"^FROM (\S+)", text, re.M)
         assert froms and not any(f.endswith(":latest") or ":" not in f for f in froms if "$" not in f), froms

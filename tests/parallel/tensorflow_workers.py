@@ -225,10 +225,10 @@ def check_broadcast() -> dict:
         return [v.numpy() for v in model.variables] + [v.numpy() for v in opt.variables]
 
     def gathered(opt):
-        return hvd.allgather(tf.constant(fingerprint(state(opt))[None]), name="tf_checks.fingerprint").numpy()
+        return hvd.allgather(tf.constant(fingerprint(state(opt))[None]), name="tensorflow_workers.fingerprint").numpy()
 
     before = spread(gathered(adam))
-    root = hvd.broadcast(tf.constant(fingerprint(state(adam))), root_rank=0, name="tf_checks.root").numpy()
+    root = hvd.broadcast(tf.constant(fingerprint(state(adam))), root_rank=0, name="tensorflow_workers.root").numpy()
     broadcast_state(model, adam)
     after = spread(gathered(adam))
     broadcast_state(model, lazy)

@@ -69,7 +69,7 @@ def _growth_run(fit, lr_of):
             "accuracy": result.test_accuracy, "param_spread": result.param_spread, "lrs": lrs.lrs}
 
 
-def torch_checks():
+def torch_workers():
     import horovod.torch as hvd
     import torch
     from torch.utils.data import DataLoader
@@ -128,7 +128,7 @@ def torch_checks():
     return out
 
 
-def tf_checks():
+def tensorflow_workers():
     import hvdsync.tensorflow as hs  # first: it keeps TensorFlow's start-up lines quiet
     import horovod.tensorflow as hvd
     import keras
