@@ -79,6 +79,7 @@ def experiments(cfg_dict, delays_ms):
     import torch
 
     import hvdsync.torch as ht
+    from hvdlab.torch import reference
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.train.loop import fit_loop
@@ -112,8 +113,8 @@ def experiments(cfg_dict, delays_ms):
             diff.append(max(float(np.abs(a - b).max()) for a, b in zip(ref, snapshots[i + 1])))
             moved.append(max(float(np.abs(a - b).max()) for a, b in zip(ref, snapshots[0])))
 
-        # Plain torch.optim.SGD on the global batches of 2B, in the plan's order (hvdsync.torch.sequential_sgd).
-        ht.sequential_sgd(model, data.x_train, data.y_train, ht.global_batches(plan, cfg.train.epochs),
+        # Plain torch.optim.SGD on the global batches of 2B, in the plan's order (hvdlab.torch.reference.sequential_sgd).
+        reference.sequential_sgd(model, data.x_train, data.y_train, reference.global_batches(plan, cfg.train.epochs),
                           lr=cfg.train.lr, on_step=compare)
         out.update(diff=diff, moved=moved, parallel_steps=len(snapshots) - 1)
 

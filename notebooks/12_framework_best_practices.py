@@ -182,6 +182,7 @@ def experiments(cfg_dict, lr_variants):
     from torch.utils.data import DataLoader, TensorDataset
 
     import hvdsync.torch as ht
+    from hvdlab.torch import reference
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.train.loop import fit_loop
@@ -257,10 +258,10 @@ def experiments(cfg_dict, lr_variants):
 
     if info.rank == 0:
         # One process, plain PyTorch, no Horovod: batch 32 in the same order, mean loss, torch.optim.SGD
-        # (hvdsync.torch.sequential_sgd, the reference the tests use too).
+        # (hvdlab.torch.reference.sequential_sgd, the reference the tests use too).
         torch.manual_seed(cfg.train.seed)
         model = ht.mlp(data.n_features, cfg.train.hidden, data.n_classes)
-        ht.sequential_sgd(model, data.x_train, data.y_train, ht.global_batches(unsharded, cfg.train.epochs),
+        reference.sequential_sgd(model, data.x_train, data.y_train, reference.global_batches(unsharded, cfg.train.epochs),
                           lr=cfg.train.lr, momentum=cfg.train.momentum)
         out["single_process_end"] = params(model)
 

@@ -1,7 +1,7 @@
 """hvdsync for PyTorch: the same names as :mod:`hvdsync.tensorflow`.
 
     init, fit, build, TorchBackend, distributed_optimizer, broadcast_state, PlanSampler, ShardedLoader,
-    CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, Callback, sequential_sgd (the reference),
+    CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, Callback,
     elastic_state, run_elastic, fit_elastic
 """
 from hvdsync.core.train.loop import Callback
@@ -12,11 +12,10 @@ from hvdsync.torch.evaluate import dataset_evaluator
 from hvdsync.torch.layers import SyncBatchNormalization
 from hvdsync.torch.models import CNN, local_optimizer, mlp
 from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
-from hvdlab.torch.reference import global_batches, sequential_sgd
 from hvdsync.torch.runtime import init
 from hvdsync.torch.train import TorchBackend, build, check_same_model, fit
 
 __all__ = ["init", "fit", "build", "TorchBackend", "distributed_optimizer", "broadcast_state", "PlanSampler",
            "LoaderSteps", "ShardedLoader", "CodecCompressor", "SyncBatchNormalization", "mlp", "CNN",
-           "local_optimizer", "Callback", "dataset_evaluator", "check_same_model", "global_batches", "sequential_sgd",
+           "local_optimizer", "Callback", "dataset_evaluator", "check_same_model",
            "elastic_state", "run_elastic", "fit_elastic"]

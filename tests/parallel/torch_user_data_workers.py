@@ -40,6 +40,7 @@ def run_checks(seed=5, batch=16, accumulate=2, epochs=4):
     from torch.utils.data import DataLoader
 
     import hvdsync.torch as ht
+    from hvdlab.torch import reference
     from hvdsync.config import Config
     from hvdsync.core.train.data import digits
 
@@ -90,7 +91,7 @@ def run_checks(seed=5, batch=16, accumulate=2, epochs=4):
         for p, v in zip(ref_model.parameters(), start):
             p.copy_(v)
     x_chw = np.ascontiguousarray(data.x_train[:n].transpose(0, 3, 1, 2))
-    ref = ht.sequential_sgd(ref_model, x_chw, data.y_train[:n], ht.global_batches(s2.plan), lr=0.1)
+    ref = reference.sequential_sgd(ref_model, x_chw, data.y_train[:n], reference.global_batches(s2.plan), lr=0.1)
     out["big_batch_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(dist, ref))
     out["big_batch_moved"] = max(float(np.abs(a - b.numpy()).max()) for a, b in zip(ref, start))
     out["rounds_for_steps"] = (backend.wire.snapshot()["tensors"] / backend.grad_tensors, s2.plan.steps_per_epoch())

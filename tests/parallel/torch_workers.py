@@ -7,10 +7,11 @@ import numpy as np
 
 
 def _sequential_reference(x, y, plan, n_steps, seed, hidden, lr):
-    """Plain PyTorch, one process, no Horovod: hvdsync.torch.sequential_sgd from the same initial model."""
+    """Plain PyTorch, one process, no Horovod: hvdlab.torch.reference.sequential_sgd from the same initial model."""
     import torch
 
-    from hvdsync.torch import global_batches, mlp, sequential_sgd
+    from hvdlab.torch.reference import global_batches, sequential_sgd
+    from hvdsync.torch import mlp
 
     torch.manual_seed(seed)
     return sequential_sgd(mlp(x.shape[1], hidden, 10), x, y, global_batches(plan, steps=n_steps), lr)
