@@ -1,7 +1,7 @@
 """``hvdsync runs list|compare|push|ui|reproduce`` and ``hvdsync sweep``: working with the recorded runs.
 
     hvdsync runs list [--experiment NAME]                       # newest first: params that matter, final metrics
-    hvdsync runs compare [--runs ID ID ...] [--baseline ID] [--out compare.png]
+    hvdsync runs compare [RUN_ID RUN_ID ...] [--baseline ID] [--out compare.png]   # default: the newest two
     hvdsync runs push SPOOL_OR_FOLDER ...                       # send what a dead store did not get
     hvdsync runs ui [--port 5000]                               # MLflow's UI on 127.0.0.1 for the store
     hvdsync runs reproduce RUN_ID                               # rerun from its record, compare the final metrics
@@ -128,9 +128,13 @@ def _plot_curves(client, runs, differing: dict, out: Path) -> Path:
 
 
 def _cmd_compare(ns) -> int:
-    run_ids = ns.runs or [r.info.run_id for r in list_runs(ns.tracking_uri, ns.experiment, 2)][::-1]
+    if ns.run_ids and ns.runs:
+        raise ConfigError("runs compare: give the run ids either as arguments or after --runs, not both")
+    given = ns.run_ids or ns.runs
+    run_ids = given or [r.info.run_id for r in list_runs(ns.tracking_uri, ns.experiment, 2)][::-1]
     if len(run_ids) < 2:
-        raise ConfigError("--runs: at least two runs are needed to compare")
+        raise ConfigError(f"runs compare: {len(run_ids)} run id(s) given or found; at least two runs are needed, "
+                          "e.g. `hvdsync runs compare RUN_A RUN_B`")
     report = compare(run_ids, ns.tracking_uri, ns.baseline, ns.out)
     if ns.json:
         print(json.dumps(report, indent=2))
@@ -294,7 +298,7 @@ def _cmd_sweep(ns, base: Config) -> int:
                      res.get("run_id") or "-"])
     print(_table(rows))
     if out["parent"]:
-        print(f"parent run {out['parent']}: `hvdsync runs compare --runs ...` or MLflow's compare view")
+        print(f"parent run {out['parent']}: `hvdsync runs compare RUN_ID RUN_ID ...` or MLflow's compare view")
     return 0
 
 
@@ -315,7 +319,9 @@ def add_parsers(sub) -> None:
     p.set_defaults(handler=_cmd_list)
     p = common(rsub.add_parser("compare", help="differing params, final metrics and curves of runs"))
     p.add_argument("--experiment")
-    p.add_argument("--runs", nargs="+", metavar="RUN_ID", help="runs to compare (default: the newest two)")
+    p.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to compare (default: the newest two)")
+    # The earlier spelling, kept so scripts written for it still work.
+    p.add_argument("--runs", nargs="+", metavar="RUN_ID", help="the same as the RUN_ID arguments")
     p.add_argument("--baseline", metavar="RUN_ID", help="the run the ratios are relative to (default: the first)")
     p.add_argument("--out", default="runs-compare.png", help="PNG of the curves")
     p.add_argument("--json", action="store_true")

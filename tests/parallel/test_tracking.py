@@ -266,7 +266,8 @@ def test_sweep_makes_child_runs_and_compare_lists_exactly_the_differing_param(se
 
     png = tmp_path / "compare.png"
     capsys.readouterr()
-    assert cli.main(["runs", "compare", "--runs", by[("none", "1")], by[("fp16", "1")], "--tracking-uri", server.uri,
+    # Run ids as positional arguments, as users type them.
+    assert cli.main(["runs", "compare", by[("none", "1")], by[("fp16", "1")], "--tracking-uri", server.uri,
                      "--out", str(png), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["differing"] == {"sync.compression": ["none", "fp16"]}

@@ -116,3 +116,27 @@ def test_lost_acknowledgements_resend_without_duplicates_and_the_next_run_pushes
     assert _counts(uri, first.run_id, ("loss",))["loss"] == before  # the 15 resent metrics landed once
     assert mlflow.MlflowClient(uri).get_run(first.run_id).info.status == "FINISHED"
     assert list(spool_dir.glob("*.jsonl")) == []
+
+
+def test_runs_compare_takes_run_ids_as_arguments_as_users_type_them(tmp_path, store, capsys):
+    client = mlflow.MlflowClient(store)
+    exp = client.create_experiment("compare-args")
+    ids = []
+    for compression, wire in (("none", 400.0), ("fp16", 200.0)):
+        run = client.create_run(exp, run_name=compression)
+        client.log_param(run.info.run_id, "sync.compression", compression)
+        client.log_metric(run.info.run_id, "wire_bytes", wire)
+        client.set_terminated(run.info.run_id)
+        ids.append(run.info.run_id)
+    common = ["--tracking-uri", store, "--out", str(tmp_path / "c.png"), "--json"]
+    reports = []
+    for ids_given in (ids, ["--runs", *ids]):   # positional, and the earlier --runs spelling
+        capsys.readouterr()
+        assert cli.main(["runs", "compare", *ids_given, *common]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0] == reports[1]
+    assert reports[0]["differing"] == {"sync.compression": ["none", "fp16"]}
+    assert reports[0]["ratios"][ids[1]]["wire_bytes"] == pytest.approx(0.5)
+    # One id is an error that says what is needed, before MLflow is asked anything.
+    assert cli.main(["runs", "compare", ids[0], "--tracking-uri", store]) == 2
+    assert "at least two runs are needed" in capsys.readouterr().err
