@@ -45,7 +45,7 @@ import numpy as np
 from hvdsync import launch
 from hvdsync.config import Config
 from hvdsync.core.comm.codecs import CodecState, get_codec
-from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
+from hvdlab.codecs_numpy import NumpyOps, simulate
 
 base = Config.from_dict({"train": {"np": 2, "epochs": 8, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5},
                          "tracking": {"enabled": False}})

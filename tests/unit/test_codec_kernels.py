@@ -1,6 +1,6 @@
 """The framework kernels run the core's codec maths: PyTorch's and TensorFlow's Ops give what numpy's give.
 
-Each codec runs in a simulated world of 2 ranks (hvdsync.core.comm.codecs.numpy_ops.simulate) once with numpy's kernels
+Each codec runs in a simulated world of 2 ranks (hvdlab.codecs_numpy.simulate) once with numpy's kernels
 and once with the framework's, on the same gradients. Random draws are the one part that differs by design (each
 framework has its own generator), so here every Ops draws numpy's noise; the seeding itself is tested on real
 workers (tests/parallel). Equal to float32 rounding: the same maths, in another library's kernels.
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvdsync.core.comm.codecs import CodecState, WireCounter, get_codec
-from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
+from hvdlab.codecs_numpy import NumpyOps, simulate
 
 SHAPES = [(32, 24), (24,), (5, 3, 4), (10,)]
 # "<spec> momentum|nesterov <m>": the sparsifier with SGD's momentum moved into it (momentum correction).

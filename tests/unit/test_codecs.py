@@ -1,4 +1,4 @@
-"""Every codec's maths in the core, on numpy, in a simulated world of ranks (hvdsync.core.comm.codecs.numpy_ops).
+"""Every codec's maths in the core, on numpy, in a simulated world of ranks (hvdlab.codecs_numpy).
 
 Shapes and dtypes, ranks agreeing, error feedback keeping exactly what was not sent, unbiased stochastic rounding,
 PowerSGD recovering a low-rank gradient, wire bytes equal to the formula, state saved and restored.
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hvdsync.core.comm.codecs import CodecState, WireCounter, get_codec
-from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
+from hvdlab.codecs_numpy import NumpyOps, simulate
 from hvdsync.core.comm.codecs.quantize import LEVELS, dequantize, quantize
 
 SHAPES = [(32, 24), (24,), (5, 3, 4), (10,)]

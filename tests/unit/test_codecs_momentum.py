@@ -5,7 +5,7 @@ import pytest
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.comm.codecs import CodecState, get_codec
-from hvdsync.core.comm.codecs.numpy_ops import NumpyOps, simulate
+from hvdlab.codecs_numpy import NumpyOps, simulate
 
 SHAPES = [(20, 10), (10,)]
 

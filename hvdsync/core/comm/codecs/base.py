@@ -3,7 +3,7 @@ codec base class, and the byte counter.
 
 A codec's maths is written once, here in the core, against :class:`Ops`: a dozen array kernels (cast, top-k,
 scatter-add, matmul, ...) that each framework adapter implements on its own tensors (``hvdsync/torch/compression.py``,
-``hvdsync/tensorflow/compression.py``) and :class:`hvdsync.core.comm.codecs.numpy_ops.NumpyOps` implements on numpy
+``hvdsync/tensorflow/compression.py``) and :class:`hvdlab.codecs_numpy.NumpyOps` implements on numpy
 arrays (the reference the tests compare the framework kernels with). Arithmetic operators (``+ - * /``) are used
 directly: numpy arrays, torch tensors and TensorFlow tensors all support them.
 

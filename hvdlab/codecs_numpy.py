@@ -1,4 +1,4 @@
-"""The codec kernels on numpy arrays: the reference the framework kernels are tested against, and a simulated
+"""The codec kernels on numpy arrays (lab): the reference the framework kernels are tested against, and a simulated
 world of ranks (:func:`simulate`) that runs a codec's collectives in one process (tests, notebook 15)."""
 from __future__ import annotations
 
