@@ -1,8 +1,9 @@
 """Train one model once per sync mode from the same start over the same samples, in the workers of one job: the
 side-by-side comparison that notebooks and tests of the sync modes make, for either framework.
 
-The adapters call :func:`train_modes` with their ``init``/``build`` (``hvdsync.torch.schemes.train_modes``,
-``hvdsync.tensorflow.schemes.train_modes``); this module stays framework-free.
+The lab modules of each framework call :func:`train_modes` with their ``init``/``build``
+(:func:`hvdlab.torch.modes.train_modes`, :func:`hvdlab.tensorflow.modes.train_modes`); this module stays
+framework-free.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import time
 
 import psutil
 
-# A worker registers faulthandler for this signal (hvdsync.launch.local._call_quietly): it prints every thread's stack.
+# A worker registers faulthandler for this signal (hvdsync.launch.worker.entry): it prints every thread's stack.
 STACKS_SIGNAL = signal.SIGUSR1
 # How Horovod's function launcher starts each worker (``python -m horovod.runner.run_task ADDR PORT``).
 _WORKER_MODULE = "horovod.runner.run_task"

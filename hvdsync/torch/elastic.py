@@ -138,7 +138,7 @@ def _reset() -> None:
 
 
 def run_elastic(func: Callable, state: ElasticState) -> Any:
-    """Run ``func(state)`` elastically on torch (see :func:`hvdsync.core.elastic.state.run`)."""
+    """Run ``func(state)`` elastically on torch (see :func:`hvdsync.elastic.run`)."""
     return run(func, state, _reset)
 
 

@@ -2,7 +2,7 @@
 committed position, with the elastic parts as one callback (:class:`ElasticCallback`).
 
 ``elastic_fit`` is the function Horovod's elastic wrapper re-enters after every reset
-(:func:`hvdsync.core.elastic.state.run`), so everything it needs about "where are we" comes from the state: ``epoch`` and
+(:func:`hvdsync.elastic.run`), so everything it needs about "where are we" comes from the state: ``epoch`` and
 ``consumed`` pick up the epoch's global order where the last commit left it, with the plan cut for the *current*
 world size (the loop's plan from ``PlanState(epoch, consumed)``). No sample of the epoch is read twice, none is
 skipped, whatever the sizes before and after.
