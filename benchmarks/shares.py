@@ -5,19 +5,20 @@
     python benchmarks/shares.py --rounds 3 --json shares.json
     python benchmarks/shares.py --hidden 4096            # 4x the compute per sample: the fixed part of an epoch shrinks
 
-Per framework and round, one job of 2 Horovod workers (:func:`hvdsync.launch.local.train_many`) trains the same model
-from the same start, with rank 1 computing 2x slower (the test-only ``data.test_slow_rank`` /
-``data.test_slowdown``: busy in proportion to its samples before each forward pass, the same in both frameworks),
-once with ``data.shares: equal`` and once with ``adaptive``, plus a run without the slow rank for reference. The
-rounds alternate the frameworks (torch, tensorflow, torch, ...), so both see the same machine, and the order of the
-equal and adaptive runs (equal first in even rounds, adaptive first in odd ones), so that a drift of the machine
-during a job favours neither. It prints, per run, the mean epoch time over epochs 1.. (epoch 0 runs with equal
-shares in both: nothing is measured before it), the samples each rank read per epoch, the shares, whether the ranks
-ended with identical parameters, and each rank's phases and cost per sample; then the ratio of the adaptive to the
-equal epoch time (target: <= 0.75) and its *bound*: what perfectly balanced shares would give, from the equal run's
-own figures (each rank's measured throughput gives the balanced compute time; the evaluation, whose test set the
-shares cut too, shrinks in proportion; the all-reduce and the update do not). The same bound from the adaptive run's
-own figures says how much its shares left to win at the speeds its ranks had (1.00: nothing).
+Per framework and round, one job of 2 Horovod workers (:func:`worker`, through :func:`hvdsync.launch.run`) trains the
+same model from the same start, with rank 1 computing 2x slower (the lab's straggler,
+:class:`hvdlab.straggler.SlowRank`, passed to ``fit`` as its phase timer and a callback: busy in proportion to its
+samples before each forward pass, the same in both frameworks), once with ``data.shares: equal`` and once with
+``adaptive``, plus a run without the slow rank for reference. The rounds alternate the frameworks (torch, tensorflow,
+torch, ...), so both see the same machine, and the order of the equal and adaptive runs (equal first in even rounds,
+adaptive first in odd ones), so that a drift of the machine during a job favours neither. It prints, per run, the mean
+epoch time over epochs 1.. (epoch 0 runs with equal shares in both: nothing is measured before it), the samples each
+rank read per epoch, the shares, whether the ranks ended with identical parameters, and each rank's phases and cost per
+sample; then the ratio of the adaptive to the equal epoch time (target: <= 0.75) and its *bound*: what perfectly
+balanced shares would give, from the equal run's own figures (each rank's measured throughput gives the balanced compute
+time; the evaluation, whose test set the shares cut too, shrinks in proportion; the all-reduce and the update do not).
+The same bound from the adaptive run's own figures says how much its shares left to win at the speeds its ranks had
+(1.00: nothing).
 
 Then a growing batch (``data.batch_growth``: x2 at epoch 2, x4 at epoch 4, learning rate by ``sqrt``) against a
 constant batch, in each framework's last job: all-reduce rounds per epoch (counted: gradient tensors handed to
@@ -75,20 +76,44 @@ def balanced_bound(run: dict) -> float:
     return statistics.mean(ratios)
 
 
+# Rank 1 computes this many times slower in the equal and adaptive runs.
+SLOWDOWN = 2.0
+
+
+def worker(runs: list[tuple[dict, float]]) -> list[dict]:
+    """In each worker: train every ``(config, slowdown)`` in turn (one Horovod start-up for all), rank 1 computing
+    ``slowdown`` times slower (1.0: not slowed); returns this rank's results (:meth:`FitResult.to_dict`)."""
+    from hvdlab.straggler import SlowRank
+    from hvdsync.config import Config
+    from hvdsync.core.train.adaptive import AdaptiveShares
+    from hvdsync.launch.worker import adapter
+
+    out = []
+    for cfg_dict, slowdown in runs:
+        cfg = Config.from_dict(cfg_dict)
+        slow = SlowRank(rank=1, factor=slowdown)
+        # Equal shares with a slow rank are measured too (samples, throughput and phases per rank and epoch), for
+        # the comparison; adaptive shares measure themselves.
+        measure = [AdaptiveShares(adapt=False)] if slowdown > 1.0 and cfg.data.shares == "equal" else []
+        out.append(adapter(cfg).fit(cfg, callbacks=[slow, *measure], timer=slow).to_dict())
+    return out
+
+
 def framework_job(framework: str, epochs: int, growth: dict | None, hidden: int = 1024,
                   adaptive_first: bool = False, samples: int = SAMPLES) -> dict:
     """One job of workers: a reference without the slow rank, equal and adaptive shares with rank 1 2x slower
     (``adaptive_first``: in that order reversed), and (``growth``) a constant against a growing batch."""
-    from hvdsync.launch.local import train_many
+    from hvdsync import launch
 
-    slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
-    runs = {"equal": config(framework, epochs, hidden, samples, shares="equal", **slow),
-            "adaptive": config(framework, epochs, hidden, samples, shares="adaptive", **slow)}
+    runs = {"equal": (config(framework, epochs, hidden, samples, shares="equal"), SLOWDOWN),
+            "adaptive": (config(framework, epochs, hidden, samples, shares="adaptive"), SLOWDOWN)}
     order = ["adaptive", "equal"] if adaptive_first else ["equal", "adaptive"]
-    cfgs = [config(framework, epochs, hidden, samples)] + [runs[k] for k in order]
+    cfgs = [(config(framework, epochs, hidden, samples), 1.0)] + [runs[k] for k in order]
     if growth:
-        cfgs += [config(framework, 6, hidden, samples), config(framework, 6, hidden, samples, batch_growth=growth)]
-    results = train_many(cfgs)
+        cfgs += [(config(framework, 6, hidden, samples), 1.0),
+                 (config(framework, 6, hidden, samples, batch_growth=growth), 1.0)]
+    results = launch.run(worker, args=([(c.to_dict(), slowdown) for c, slowdown in cfgs],), np=2,
+                         sync=cfgs[0][0].sync, progress=False)[0]
     return {"reference": results[0], **dict(zip(order, results[1:3])), "growth": results[3:],
             "adaptive_first": adaptive_first}
 

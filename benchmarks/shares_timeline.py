@@ -1,11 +1,12 @@
-"""Where the epoch of ``shares.py`` goes, step by step: every phase of every step on both ranks, with the test
-slowdown's busy time apart from the work.
+"""Where the epoch of ``shares.py`` goes, step by step: every phase of every step on both ranks, with the simulated
+straggler's busy time apart from the work.
 
     python benchmarks/shares_timeline.py --framework tensorflow --hidden 4096
     python benchmarks/shares_timeline.py --framework torch --hidden 4096 --json timeline.json
 
 One job of 2 workers trains the three runs of :mod:`shares` (no slow rank; rank 1 2x slower with equal shares;
-with adaptive shares). Each worker records the start and end of every phase (``data``, ``compute``, ``sync_wait``,
+with adaptive shares). Each worker records, through the timer and callback it passes in (a recording subclass of
+:class:`hvdlab.straggler.SlowRank`), the start and end of every phase (``data``, ``compute``, ``sync_wait``,
 ``update``), of the slowdown's busy wait inside rank 1's compute phase and of the evaluation; the clocks are the
 machine's monotonic clock, so both ranks' records line up. Printed per run and epoch (1..), per rank: work seconds
 (compute without the busy wait) and microseconds per sample, busy, all-reduce wait, update, evaluation; then the
@@ -26,36 +27,62 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PHASE_NAMES = ("data", "compute", "sync_wait", "update")
 
 
-def worker(cfg_dicts: list[dict]) -> list[list]:
-    """In each worker: train every config with the phase timer's intervals recorded; returns the records per run."""
+def worker(runs: list[tuple[dict, float]]) -> list[list]:
+    """In each worker: train every ``(config, slowdown)`` (rank 1 ``slowdown`` times slower; 1.0: not slowed) with
+    every phase, busy wait and evaluation recorded; returns the records per run."""
     import contextlib
     import importlib
     import time
 
-    from hvdsync.config import Config
+    from hvdlab.straggler import SlowRank
     from hvdsync import datasets
-    from hvdsync.core.telemetry import profiling
-    from hvdsync.core.train.loop import Callback, array_evaluator, fit_loop
+    from hvdsync.config import Config
+    from hvdsync.core.train.adaptive import AdaptiveShares
+    from hvdsync.core.train.loop import Callback, fit_loop
     from hvdsync.launch.local import ADAPTERS
 
     log: list = []
-    # Instrumentation for this measurement only: wrap the timer's phase and the slowdown's busy wait so that each
-    # records (name, start, end[, samples]).
-    busy_until, phase = profiling._busy_until, profiling.PhaseTimer.phase
 
-    def timed_busy(deadline):
-        t = time.perf_counter()
-        busy_until(deadline)
-        log.append(("busy", t, time.perf_counter()))
+    class Timed(SlowRank):
+        """The lab's straggler (on every rank, slowing rank 1 only), recording ``(name, start, end[, samples])`` of
+        each phase, of the evaluation, and of each busy wait: ``busy`` inside a compute phase, ``eval_busy`` after
+        the evaluation (not work that a compute phase did)."""
 
-    @contextlib.contextmanager
-    def timed_phase(self, name, samples=None):
-        t = time.perf_counter()
-        with phase(self, name, samples):
-            yield
-        log.append((name, t, time.perf_counter(), samples or 0))
+        where, inside, cursor = "", False, 0.0
 
-    profiling._busy_until, profiling.PhaseTimer.phase = timed_busy, timed_phase
+        @contextlib.contextmanager
+        def phase(self, name, samples=None):
+            t, self.where, self.inside, recorded = time.perf_counter(), name, True, self.seconds[name]
+            try:
+                with super().phase(name, samples) as span:
+                    yield span
+            finally:
+                self.inside = False
+            # A phase timed by another clock (TensorFlow's one-graph step, which also all-reduced and updated) ended
+            # its recorded seconds after it began; the phases the adapter adds next follow it.
+            self.cursor = time.perf_counter() if span.seconds is None else t + self.seconds[name] - recorded
+            log.append((name, t, self.cursor, samples or 0))
+
+        def add(self, name, seconds):
+            super().add(name, seconds)
+            if not self.inside:  # measured by the graph's clock, right after the phase before it
+                log.append((name, self.cursor, self.cursor + seconds, 0))
+                self.cursor += seconds
+
+        def on_evaluate_begin(self, ctx):
+            self.eval_start = time.perf_counter()
+            super().on_evaluate_begin(ctx)
+
+        def on_evaluate_end(self, ctx):
+            log.append(("eval", self.eval_start, time.perf_counter()))
+            self.where = "eval"
+            super().on_evaluate_end(ctx)
+
+        def busy(self, seconds):
+            t = time.perf_counter()
+            took = super().busy(seconds)
+            log.append(("busy" if self.where == "compute" else "eval_busy", t, time.perf_counter()))
+            return took
 
     class Marks(Callback):
         def on_epoch_begin(self, ctx):
@@ -67,25 +94,20 @@ def worker(cfg_dicts: list[dict]) -> list[list]:
         def on_step_begin(self, ctx):
             log.append(("step_begin", time.perf_counter(), ctx.step))
 
-    runs = []
-    for cfg_dict in cfg_dicts:
+    out = []
+    for cfg_dict, slowdown in runs:
         cfg = Config.from_dict(cfg_dict)
         adapter = importlib.import_module(ADAPTERS[cfg.train.framework])
         adapter.init(cfg)
         data = datasets.load(cfg.data, cfg.train.seed)
-        backend = adapter.build(cfg, data)
-        scores = array_evaluator(backend, data)
-
-        def evaluate(scores=scores):
-            t = time.perf_counter()
-            out = scores()
-            log.append(("eval", t, time.perf_counter()))
-            return out
-
+        timer = Timed(rank=1, factor=slowdown)
+        backend = adapter.build(cfg, data, timer=timer)
+        # As in shares.py: equal shares with a slow rank are measured per rank too (one all-gather per epoch).
+        measure = [AdaptiveShares(adapt=False)] if slowdown > 1.0 and cfg.data.shares == "equal" else []
         log.clear()
-        fit_loop(cfg, backend, data, evaluate, callbacks=[Marks()])
-        runs.append(list(log))
-    return runs
+        fit_loop(cfg, backend, data, callbacks=[timer, Marks(), *measure])
+        out.append(list(log))
+    return out
 
 
 def _epoch(log: list, epoch: int) -> tuple[float, float, list]:
@@ -148,13 +170,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from hvdsync.launch.local import run
-    from shares import config
+    from shares import SLOWDOWN, config
 
-    slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
-    runs = {"no slow rank": config(args.framework, args.epochs, args.hidden),
-            "equal, rank 1 2x slower": config(args.framework, args.epochs, args.hidden, shares="equal", **slow),
-            "adaptive, rank 1 2x slower": config(args.framework, args.epochs, args.hidden, shares="adaptive", **slow)}
-    records = run(worker, args=([c.to_dict() for c in runs.values()],), np=2, progress=False)
+    runs = {"no slow rank": (config(args.framework, args.epochs, args.hidden), 1.0),
+            "equal, rank 1 2x slower": (config(args.framework, args.epochs, args.hidden, shares="equal"), SLOWDOWN),
+            "adaptive, rank 1 2x slower": (config(args.framework, args.epochs, args.hidden, shares="adaptive"),
+                                           SLOWDOWN)}
+    records = run(worker, args=([(c.to_dict(), slowdown) for c, slowdown in runs.values()],), np=2, progress=False)
     print(f"{args.framework}, MLP 64-{args.hidden}-10, 2 workers, epochs 1-{args.epochs - 1}")
     out = {name: summarise(name, [records[r][i] for r in range(2)], args.epochs) for i, name in enumerate(runs)}
     if args.json:

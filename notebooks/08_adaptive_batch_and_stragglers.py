@@ -35,9 +35,10 @@
 #   epoch, hence fewer all-reduces. The learning rate follows by `train.growth_lr` (`sqrt` by default, or `linear`).
 #
 # Both run on 2 Horovod workers below (a wide batch of 2,048 per rank, so that computing, not the all-reduce,
-# fills a step), with rank 1 made 2x slower by the *test-only* `data.test_slow_rank` /
-# `data.test_slowdown` (before each forward and backward pass it keeps its CPU busy as long as that pass usually
-# takes for its samples, like a processor at half speed).
+# fills a step), with rank 1 made 2x slower by a simulated straggler from the lab, `hvdlab.straggler.SlowRank`, which
+# each run passes to `fit` as its phase timer and a callback (before each forward and backward pass it keeps its CPU
+# busy as long as that pass usually takes for its samples, like a processor at half speed; hvdsync itself has no
+# such switch).
 
 # %%
 import time
@@ -53,9 +54,9 @@ base = Config.from_dict({
     "data": {"dataset": "synthetic", "synthetic_samples": 65536, "batch_size": 2048},
     "train": {"np": 2, "epochs": 4, "hidden": 1024, "lr": 0.05},
     "tracking": {"enabled": False}, "monitor": {"every": 0}})
-slow = {"test_slow_rank": 1, "test_slowdown": 2.0}
+SLOWDOWN = 2.0   # rank 1 computes this many times slower in the runs with a slow rank
 print(f"{base.train.np} workers x {base.data.batch_size} samples per step, MLP 64-{base.train.hidden}-10, "
-      f"{base.train.epochs} epochs; rank {slow['test_slow_rank']} computes {slow['test_slowdown']:g}x slower")
+      f"{base.train.epochs} epochs; rank 1 computes {SLOWDOWN:g}x slower")
 
 # %% [markdown]
 # ## 1 · The unequal cut, on paper
@@ -85,16 +86,18 @@ print(f"{len(steps[0])} steps on each rank; every one of the 5,000 samples read 
 # counted where the data is read, not inferred from the plan.
 
 # %%
-def share_run(cfg_dict):
+def share_run(cfg_dict, slowdown):
     import horovod.torch as hvd
     import numpy as np
     import torch
     from torch.utils.data import DataLoader
 
     import hvdsync.torch as ht
+    from hvdlab.straggler import SlowRank
     from hvdsync.config import Config
-    from hvdsync.datasets import load
+    from hvdsync.core.train.adaptive import AdaptiveShares
     from hvdsync.core.train.loop import Callback
+    from hvdsync.datasets import load
 
     cfg = Config.from_dict(cfg_dict)
     data = load(cfg.data, cfg.train.seed)
@@ -117,20 +120,24 @@ def share_run(cfg_dict):
     model = torch.nn.Sequential(torch.nn.Linear(64, cfg.train.hidden), torch.nn.ReLU(),
                                 torch.nn.Linear(cfg.train.hidden, 10))
     loader = DataLoader(Counted(), batch_sampler=ht.PlanSampler.from_config(cfg, len(data.x_train)))
-    result = ht.fit(cfg, model=model, loss=torch.nn.CrossEntropyLoss(), train=loader, callbacks=[EpochReads()])
+    slow = SlowRank(rank=1, factor=slowdown)      # the simulated straggler: a phase timer and a callback
+    # Equal shares with a slow rank are measured per rank too (samples, throughput), for the comparison.
+    measure = [AdaptiveShares(adapt=False)] if slowdown > 1 and cfg.data.shares == "equal" else []
+    result = ht.fit(cfg, model=model, loss=torch.nn.CrossEntropyLoss(), train=loader,
+                    callbacks=[slow, EpochReads(), *measure], timer=slow)
     counted = hvd.allgather(torch.as_tensor(np.array(per_epoch))[None]).numpy().sum(0)   # over both ranks
     return {"history": result.history, "param_spread": result.param_spread,
             "reads_min": counted.min(1).tolist(), "reads_max": counted.max(1).tolist()}
 
 
-def share_runs(cfg_dicts):
-    return [share_run(d) for d in cfg_dicts]
+def share_runs(runs):
+    return [share_run(d, slowdown) for d, slowdown in runs]
 
 
-runs = {"no slow rank": base, "equal shares": base.replace(data={"shares": "equal", **slow}),
-        "adaptive shares": base.replace(data={"shares": "adaptive", **slow})}
+runs = {"no slow rank": (base, 1.0), "equal shares": (base.replace(data={"shares": "equal"}), SLOWDOWN),
+        "adaptive shares": (base.replace(data={"shares": "adaptive"}), SLOWDOWN)}
 start = time.perf_counter()
-results = dict(zip(runs, launch.run(share_runs, args=([c.to_dict() for c in runs.values()],), np=2,
+results = dict(zip(runs, launch.run(share_runs, args=([(c.to_dict(), s) for c, s in runs.values()],), np=2,
                                     progress=False)[0]))
 print(f"2 Horovod workers trained {len(runs)} models in {time.perf_counter() - start:.1f} s (start-up included)")
 

@@ -32,9 +32,6 @@ class Config:
             field_name = "data.shares" if self.data.shares != "equal" else "data.batch_growth"
             raise ConfigError(f"{field_name}: {getattr(self.data, field_name[5:])!r} is not allowed with elastic "
                               "training; the elastic loop re-plans with equal shares and a constant batch")
-        if self.data.test_slow_rank >= self.train.np:
-            raise ConfigError(f"data.test_slow_rank: {self.data.test_slow_rank} is not allowed with train.np "
-                              f"{self.train.np}; expected -1 (none) or a rank below {self.train.np}")
         if self.data.batch_size < self.sync.accumulate:
             raise ConfigError(
                 f"sync.accumulate: {self.sync.accumulate} is not allowed with data.batch_size "

@@ -57,17 +57,18 @@ class SyncConfig:
     momentum_correction: bool = True
     accumulate: int = 1
     op: str = "average"
-    # Measured with benchmarks/knobs.py on 2 local Gloo workers (benchmarks/README.md, "Choosing the defaults"):
-    # fusion 16-128 MiB measure alike, 4 MiB or less slows many small gradients (0: 4-25x); a 1 ms cycle keeps a
+    # Measured with benchmarks/knobs.py on 2 local Gloo workers (docs/measurements/allreduce.md, "Choosing the
+    # defaults"): fusion 16-128 MiB measure alike, 4 MiB or less slows many small gradients (0: 4-25x); a 1 ms cycle keeps a
     # step's sync latency low, shorter cycles burn more idle CPU and longer ones add latency; the cache must stay on
     # (0: ~3x the time of a small allreduce). An unpatched horovod.runner.run handed the workers cycle 0 and cache 0
-    # instead of these two (scripts/horovod-patches/0003; benchmarks/README.md, "The launcher dropped two knobs").
+    # instead of these two (scripts/horovod-patches/0003; docs/measurements/allreduce.md, "The launcher dropped two
+    # knobs").
     fusion_threshold_mb: float = 64.0
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     # A small model's backward is over before a hook's all-reduce could hide behind it; what is left is Horovod's
     # cost per round (a cycle's wait, the negotiation, thread hand-offs), paid once per step instead of once per
-    # group of hooks (benchmarks/README.md, "The small CNN against DDP").
+    # group of hooks (docs/measurements/training.md, "The small CNN against DDP").
     grouped_mb: float = 25.0
     mode: str = "allreduce"
     ps_servers: int = 0
@@ -140,10 +141,6 @@ class DataConfig:
             reads fewer samples; :mod:`hvdsync.core.train.shares`).
         batch_growth: ``{epoch: factor}``: from ``epoch`` on the batch is ``factor`` x ``batch_size`` (fewer
             all-reduces per epoch); the learning rate follows ``train.growth_lr``. Empty: a constant batch.
-        test_slow_rank / test_slowdown: **for tests and demonstrations only**: rank ``test_slow_rank`` (-1: none)
-            stays busy before each compute phase for ``test_slowdown - 1`` times that phase's usual cost of its
-            samples, i.e. it computes ``test_slowdown`` times slower, in both frameworks alike (what
-            ``shares: adaptive`` is measured against; :meth:`hvdsync.core.telemetry.profiling.PhaseTimer.slow_down`).
     """
 
     dataset: str = "digits"
@@ -157,8 +154,6 @@ class DataConfig:
     image_channels: int = 3
     shares: str = "equal"
     batch_growth: dict = field(default_factory=dict)
-    test_slow_rank: int = -1
-    test_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         from hvdsync.registry import DATASETS
@@ -180,8 +175,6 @@ class DataConfig:
             self.batch_growth = dict(parse_growth("data.batch_growth", self.batch_growth))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        _int("data.test_slow_rank", self.test_slow_rank, -1)
-        _number("data.test_slowdown", self.test_slowdown, 1.0)
 
 
 @dataclass
@@ -201,6 +194,7 @@ class TrainConfig:
         growth_lr: how the learning rate follows ``data.batch_growth``'s factor f: ``sqrt`` (x sqrt(f)),
             ``linear`` (x f) or ``none`` (:func:`hvdsync.core.train.scaling.grown_lr`).
         optimizer: ``sgd`` (with ``momentum``) or ``adam``.
+        momentum: SGD's momentum (with ``optimizer: sgd``; ``adam`` does not use it).
         hidden: width of the MLP's hidden layer (the CNN's channels: a multiple of 4).
         seed: the one global seed; per-rank seeds are derived from it.
         deterministic: ask the framework for deterministic kernels (slower; bit-reproducible runs).

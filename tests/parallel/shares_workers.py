@@ -2,7 +2,8 @@
 (your Dataset through a DataLoader with PlanSampler, your model through ``fit``) and TensorFlow (your Keras model
 through ``fit``, the ``tf.data`` PlanSampler). One job per framework; tests/parallel/test_shares.py asserts.
 
-Rank 1 is made 4x slower with the test-only ``data.test_slow_rank`` / ``data.test_slowdown``.
+Rank 1 is made 4x slower by the lab's straggler (:class:`hvdlab.straggler.SlowRank`), passed to ``fit`` as its phase
+timer and a callback.
 """
 import numpy as np
 
@@ -103,13 +104,16 @@ def torch_workers():
             test_reads[i] += 1
             return torch.from_numpy(data.x_test[i]), int(data.y_test[i])
 
-    cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
+    from hvdlab.straggler import SlowRank
+
+    cfg = _config(shares="adaptive")
     ht.init(cfg)
     loader = DataLoader(Counted(), batch_sampler=ht.PlanSampler.from_config(cfg, n))
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     counter = _read_counter(reads, test_reads)
+    slow = SlowRank(rank=1, factor=SLOWDOWN)
     result = ht.fit(cfg, model=model, loss=torch.nn.CrossEntropyLoss(), train=loader, test=CountedTest(),
-                    callbacks=[counter])
+                    callbacks=[slow, counter], timer=slow)
     gather = lambda a: hvd.allgather(torch.as_tensor(a)).numpy()  # noqa: E731
     out = _summary(result, counter, gather, [])
     out["test_size"] = len(data.x_test)
@@ -163,13 +167,16 @@ def tensorflow_workers():
         def on_train_end(self, ctx):
             self.traces = ctx.backend.traces()
 
-    cfg = _config(shares="adaptive", test_slow_rank=1, test_slowdown=SLOWDOWN)
+    from hvdlab.straggler import SlowRank
+
+    cfg = _config(shares="adaptive")
     hs.init(cfg)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
     counter = _read_counter(reads, test_reads)
     steps = CountSteps()
+    slow = SlowRank(rank=1, factor=SLOWDOWN)
     result = hs.fit(cfg, data, model=model, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    optimizer=keras.optimizers.SGD(0.05), callbacks=[steps, counter])
+                    optimizer=keras.optimizers.SGD(0.05), callbacks=[slow, steps, counter], timer=slow)
     gather = lambda a: hvd.allgather(tf.constant(a)).numpy()  # noqa: E731
     out = _summary(result, counter, gather, [])
     out["test_size"] = len(data.x_test)

@@ -1,8 +1,8 @@
 """Straggler-aware shares and a growing batch on real Horovod workers (2 processes, Gloo), both frameworks.
 
 One job per framework runs every check (tests/parallel/shares_workers.py); each test asserts one promise. Rank 1
-computes 4x slower (the test-only ``data.test_slow_rank``). Speed is not asserted here (a noisy machine): the
-epoch-time ratio is printed by benchmarks/shares.py and notebook 08.
+computes 4x slower (the lab's straggler, ``hvdlab.straggler.SlowRank``, passed in by the workers). Speed is not
+asserted here (a noisy machine): the epoch-time ratio is printed by benchmarks/shares.py and notebook 08.
 """
 import math
 

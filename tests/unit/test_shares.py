@@ -99,8 +99,9 @@ def test_growth_cuts_epochs_into_fewer_larger_steps():
                                      "shrink"),
     ({"batch_growth": {2: 0.5}}, "data.batch_growth: {2: 0.5} is not allowed; each factor must be an integer"),
     ({"batch_growth": "2:2"}, "data.batch_growth: '2:2' is not allowed; expected a mapping of epoch to batch"),
-    ({"test_slow_rank": 2}, "data.test_slow_rank: 2 is not allowed with train.np 2"),
-    ({"test_slowdown": 0.5}, "data.test_slowdown: 0.5 is not allowed; expected a number >= 1.0"),
+    # A simulated straggler is no config field: a test passes one in (hvdlab.straggler.SlowRank).
+    ({"test_slow_rank": 1}, "data.test_slow_rank: unknown field"),
+    ({"test_slowdown": 2.0}, "data.test_slowdown: unknown field"),
 ])
 def test_bad_share_and_growth_values_fail_in_the_config(data, message):
     with pytest.raises(ConfigError, match="^" + re.escape(message)):
@@ -114,14 +115,36 @@ def test_bad_growth_rule_and_elastic_combination_fail_in_the_config():
         Config.from_dict({"data": {"shares": "adaptive"}, "elastic": {"enabled": True}})
 
 
+def _slow_rank(factor, rank=0, size=2):
+    """A :class:`hvdlab.straggler.SlowRank` for ``rank``, told at train begin that this process is rank 0."""
+    from types import SimpleNamespace
+
+    from hvdlab.straggler import SlowRank
+
+    timer = SlowRank(rank, factor)
+    timer.on_train_begin(SimpleNamespace(rank=0, size=size))
+    return timer
+
+
+def test_the_straggler_is_checked_against_the_world_it_is_passed_into():
+    from types import SimpleNamespace
+
+    from hvdlab.straggler import SlowRank
+
+    with pytest.raises(ValueError, match="^" + re.escape("rank: 2 is not allowed in a world of 2 ranks")):
+        SlowRank(2, 2.0).on_train_begin(SimpleNamespace(rank=0, size=2))
+    with pytest.raises(ValueError, match="^" + re.escape("factor: 0.5 is not allowed; expected a number >= 1.0")):
+        SlowRank(1, 0.5)
+    with pytest.raises(ValueError, match="^" + re.escape("rank: -1 is not allowed; expected an integer >= 0")):
+        SlowRank(-1, 2.0)
+
+
 def test_the_test_slowdown_is_busy_before_the_work_in_proportion_to_its_samples():
     # Lower bounds only: a busy wait lasts at least until its deadline, whatever the machine's load.
     import time
 
-    from hvdsync.core.telemetry.profiling import PhaseTimer
-
-    timer = PhaseTimer()
-    timer.slow_down(3.0)
+    timer = _slow_rank(3.0)
+    assert not timer.fuse_phases                  # nothing measured yet: each phase is a call of its own
     with timer.phase("compute", samples=100):  # nothing measured yet: busy *after* it, 2x its own time
         time.sleep(0.01)                          # >= 1e-4 s per sample
     assert timer.seconds["compute"] >= 3 * 0.01
@@ -130,6 +153,52 @@ def test_the_test_slowdown_is_busy_before_the_work_in_proportion_to_its_samples(
         entered = time.perf_counter()             # the busy wait came first: before any gradient could leave
         time.sleep(0.01)
     assert entered - before >= 2 * 1e-4 * 200     # (slowdown - 1) x seconds per sample x samples
+    assert timer.fuse_phases                      # measured: busy before the work, also in a one-graph step
+
+
+def test_the_test_slowdown_counts_its_busy_time_in_a_phase_timed_by_another_clock():
+    # TensorFlow's one-graph step times its compute phase by the graph's clock (span.seconds): the busy wait
+    # before it is part of the phase all the same, and the cost per sample is learnt from the graph's seconds.
+    import time
+
+    timer = _slow_rank(3.0)
+    with timer.phase("compute", samples=100):
+        time.sleep(0.01)
+    compute, start = timer.seconds["compute"], time.perf_counter()
+    with timer.phase("compute", samples=100) as span:
+        entered = time.perf_counter()
+        time.sleep(0.05)                          # the graph also all-reduced and updated ...
+        span.seconds = 0.01                       # ... its compute took this long
+    busy = timer.seconds["compute"] - compute - 0.01
+    assert busy >= 2 * 1e-4 * 100                 # busy before it, counted in the phase ...
+    assert busy <= entered - start                # ... and nothing of the call after the compute
+    assert timer.counts["compute"] == 2
+
+
+def test_the_slow_rank_slows_only_its_own_rank():
+    import time
+
+    waits = {}
+    for rank in (0, 1):                           # this process is rank 0
+        timer = _slow_rank(3.0, rank=rank)
+        calls = waits[rank] = []
+
+        def busy(seconds, calls=calls):           # counts the busy waits instead of waiting
+            calls.append(seconds)
+            return seconds
+
+        timer.busy = busy
+        for _ in range(2):
+            with timer.phase("compute", samples=100):
+                time.sleep(0.001)
+            with timer.phase("sync_wait"):        # only compute phases are slowed
+                time.sleep(0.001)
+        timer.on_evaluate_begin(None)
+        time.sleep(0.001)                         # the scoring
+        timer.on_evaluate_end(None)
+        assert timer.counts == {"compute": 2, "sync_wait": 2}
+    assert len(waits[0]) == 3 and all(w > 0 for w in waits[0])   # after the first phase, before the second, scoring
+    assert waits[1] == []                                        # another rank's timer times only
 
 
 @settings(max_examples=200, deadline=None)
@@ -145,13 +214,38 @@ def test_share_slices_cut_a_test_set_into_contiguous_parts_read_once(total, shar
 
 
 def test_the_test_slowdown_slows_work_outside_the_phases_by_its_factor():
-    from hvdsync.core.telemetry.profiling import PhaseTimer
+    from hvdlab.straggler import SlowRank
 
-    timer = PhaseTimer()
-    assert timer.slow_after(0.02) == 0.0                 # not slowed: returns at once
-    timer.slow_down(3.0)
+    timer = SlowRank(0, 3.0)
+    assert timer.slow_after(0.02) == 0.0                 # not slowed (before training begins): returns at once
+    timer = _slow_rank(3.0)
     assert timer.slow_after(0.02) >= 2 * 0.02             # busy (factor - 1) x the work's seconds, at least
     assert timer.slow_after(0.0) == 0.0
+
+
+def test_the_slowed_rank_scores_slower_inside_the_loops_evaluation_time():
+    # The loop's evaluation hooks run inside its timed eval_seconds, whichever evaluator runs.
+    import time
+
+    from hvdsync.core.train.data import digits
+    from hvdsync.core.train.loop import fit_loop
+    from tests.unit.test_loop import NumpyBackend
+
+    cfg = Config.from_dict({"data": {"batch_size": 500}, "train": {"epochs": 1, "np": 1},
+                            "tracking": {"enabled": False}, "monitor": {"every": 0}})
+
+    def evaluate():
+        time.sleep(0.02)
+        return {"test_accuracy": (1.0, 1.0)}
+
+    results = {}
+    for factor in (1.0, 3.0):
+        backend = NumpyBackend(64, 10)
+        slow = _slow_rank(factor, size=1)
+        backend.timer = slow
+        results[factor] = fit_loop(cfg, backend, digits(seed=0), evaluate, callbacks=[slow], observe=False)
+    assert results[3.0].history[0]["eval_seconds"] >= 3 * 0.02        # busy (factor - 1) x the evaluation, after it
+    assert results[1.0].history[0]["eval_seconds"] < 3 * 0.02
 
 
 def test_the_throughput_pools_only_epochs_that_ran_with_about_the_same_shares():

@@ -20,98 +20,61 @@ operation starts, memory copies into and out of the fusion buffer and the all-re
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
-
-import numpy as np
 
 from hvdsync.core.telemetry import timeline
 
 PHASES = ("data", "compute", "sync_wait", "update")
 
 
-class PhaseTimer:
-    """Accumulates wall time per phase name."""
+class PhaseSpan:
+    """What :meth:`PhaseTimer.phase` yields: a block that runs more than its phase (a graph that also all-reduces and
+    updates, timed by the graph's own clock) sets ``seconds`` to the phase's own share; None: the block's time."""
 
-    # The slowed rank's cost per sample is the median of its last this-many compute phases (seconds per sample).
-    SLOW_WINDOW = 64
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase name.
+
+    An adapter takes the timer to use (``build(..., timer=...)``, ``fit(..., timer=...)``): a subclass may act around
+    every phase (a profiler's ranges, a device synchronisation, a simulated slow processor) by overriding
+    :meth:`phase`, and say with :attr:`fuse_phases` whether a step may run several phases in one call.
+    """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
-        self.slowdown = 1.0
-        self._per_sample: deque[float] = deque(maxlen=self.SLOW_WINDOW)
-
-    def slow_down(self, factor: float) -> None:
-        """For tests and demonstrations only (``data.test_slowdown``): make every ``compute`` phase ``factor`` times
-        slower, like a slower processor: the rank stays busy for ``factor - 1`` times the phase's usual cost of its
-        ``samples`` (see :meth:`phase`)."""
-        self.slowdown = float(factor)
-
-    @contextmanager
-    def phase(self, name: str, samples: int | None = None) -> Iterator[None]:
-        """Time the block as phase ``name``. ``samples``: how many samples a ``compute`` phase works on (what a
-        ``slow_down`` is proportional to)."""
-        start = time.perf_counter()
-        slow = name == "compute" and self.slowdown > 1.0
-        extra = self.slow_before(samples) if slow else 0.0
-        try:
-            work_start = time.perf_counter()
-            yield
-            if slow:
-                took = time.perf_counter() - work_start
-                self._learn(took, samples)
-                if not extra:  # nothing measured yet (the first phase): busy after it, in proportion to its time
-                    self.slow_after(took)
-        finally:
-            self.add(name, time.perf_counter() - start)
 
     @property
-    def slows_before(self) -> bool:
-        """Whether a ``compute`` phase timed apart (:meth:`add_compute`) is slowed as :meth:`phase` slows it: not
-        slowed at all, or with the per-sample cost already measured (the first slowed phase is busy *after* its
-        work, which only :meth:`phase` can do)."""
-        return self.slowdown <= 1.0 or bool(self._per_sample)
+    def fuse_phases(self) -> bool:
+        """Whether an adapter may run a step's phases in one call (TensorFlow's one-graph step): its ``compute``
+        phase then wraps the whole call and learns its own seconds from the graph's clock (:class:`PhaseSpan`), so
+        only what this timer does *before* a phase lands at the phase's start. A timer that acts at a phase's end
+        says False, and each phase is then a call of its own."""
+        return True
 
-    def slow_before(self, samples: int | None) -> float:
-        """Under :meth:`slow_down`, stay busy before a compute phase of ``samples`` for ``factor - 1`` times their
-        measured cost; returns the seconds it took (0 when not slowed or nothing is measured yet)."""
-        if not (self.slowdown > 1.0 and samples and self._per_sample):
-            return 0.0
-        # Busy *before* the work, in proportion to its samples: the slowed rank hands its gradients to Horovod
-        # as late as a slower processor would. Busy after the work, a PyTorch rank's backward hooks had already
-        # started its all-reduce, which then ran hidden behind the busy wait (a TensorFlow rank all-reduces
-        # after its compute phase, so the two frameworks' slowdowns differed).
+    @contextmanager
+    def phase(self, name: str, samples: int | None = None) -> Iterator[PhaseSpan]:
+        """Time the block as phase ``name``. ``samples``: how many samples a ``compute`` phase works on (for a
+        subclass whose action scales with them)."""
+        span = PhaseSpan()
         start = time.perf_counter()
-        _busy_until(start + (self.slowdown - 1.0) * float(np.median(self._per_sample)) * samples)
-        return time.perf_counter() - start
-
-    def slow_after(self, seconds: float) -> float:
-        """Under :meth:`slow_down`, stay busy for ``factor - 1`` times ``seconds`` of work just done (work that is
-        not a timed phase, such as the evaluation: a slower processor scores slower too); returns the seconds it
-        took (0 when not slowed)."""
-        if self.slowdown <= 1.0 or seconds <= 0:
-            return 0.0
-        start = time.perf_counter()
-        _busy_until(start + (self.slowdown - 1.0) * seconds)
-        return time.perf_counter() - start
-
-    def _learn(self, took: float, samples: int | None) -> None:
-        if self.slowdown > 1.0 and samples:
-            self._per_sample.append(took / samples)
+        try:
+            yield span
+        finally:
+            self.add(name, span.seconds if span.seconds is not None else time.perf_counter() - start)
 
     def add(self, name: str, seconds: float) -> None:
         """Count ``seconds`` of phase ``name`` measured elsewhere (e.g. inside a graph that runs several phases)."""
         self.seconds[name] += seconds
         self.counts[name] += 1
-
-    def add_compute(self, seconds: float, samples: int | None, slowed: float = 0.0) -> None:
-        """A ``compute`` phase of ``samples`` whose work took ``seconds``, after :meth:`slow_before` kept the rank
-        busy for ``slowed``: the same record :meth:`phase` makes (see :attr:`slows_before`)."""
-        self._learn(seconds, samples)
-        self.add("compute", slowed + seconds)
 
     def shares(self) -> dict[str, float]:
         """Each phase's share of the timed total (0..1)."""
@@ -128,13 +91,6 @@ class PhaseTimer:
     def reset(self) -> None:
         self.seconds.clear()
         self.counts.clear()
-
-
-def _busy_until(deadline: float) -> None:
-    # Busy, not asleep: on a machine whose cores are shared, a sleeping rank hands its core to the others and is
-    # hardly slower at all; a busy one competes for the core like real work.
-    while time.perf_counter() < deadline:
-        pass
 
 
 def comm_share(phase_seconds: dict[str, float]) -> float:

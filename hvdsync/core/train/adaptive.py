@@ -27,8 +27,8 @@ RATE_EPOCHS = 3
 # Only epochs that ran with shares within this distance (largest difference of one rank's share) of the last epoch's
 # are pooled. Where ranks share a host, a rank's speed depends on the shares: with equal shares a fast rank waits
 # half of each step and the slow one computes alone, with adaptive ones both compute at once (TensorFlow's cost per
-# sample rose by 6-10% on average, benchmarks/README.md). Rates measured under other shares then pull the estimate
-# back towards where it started (measured: 0.75 after the equal first epoch, 0.70 pooled, 0.64 at the end).
+# sample rose by 6-10% on average, docs/measurements/shares.md). Rates measured under other shares then pull the
+# estimate back towards where it started (measured: 0.75 after the equal first epoch, 0.70 pooled, 0.64 at the end).
 SHARE_TOLERANCE = 0.05
 
 

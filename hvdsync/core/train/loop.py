@@ -147,6 +147,8 @@ class Callback:
 
     Hooks run on every rank, in the order the callbacks were given. A hook that makes a collective call (all-reduce,
     broadcast) must do so on every rank at the same point, or the ranks wait on each other forever.
+    ``on_evaluate_begin`` / ``on_evaluate_end`` run around each epoch's evaluation (when there is one), inside its
+    timed ``eval_seconds``.
 
     Example:
         >>> class PrintLoss(Callback):
@@ -161,6 +163,10 @@ class Callback:
     def on_step_begin(self, ctx: TrainContext) -> None: ...
 
     def on_step_end(self, ctx: TrainContext) -> None: ...
+
+    def on_evaluate_begin(self, ctx: TrainContext) -> None: ...
+
+    def on_evaluate_end(self, ctx: TrainContext) -> None: ...
 
     def on_epoch_end(self, ctx: TrainContext) -> None: ...
 
@@ -184,6 +190,10 @@ class _Callbacks(Callback):
     def on_step_begin(self, ctx): self._each("on_step_begin", ctx)  # noqa: E704
 
     def on_step_end(self, ctx): self._each("on_step_end", ctx)  # noqa: E704
+
+    def on_evaluate_begin(self, ctx): self._each("on_evaluate_begin", ctx)  # noqa: E704
+
+    def on_evaluate_end(self, ctx): self._each("on_evaluate_end", ctx)  # noqa: E704
 
     def on_epoch_end(self, ctx): self._each("on_epoch_end", ctx)  # noqa: E704
 
@@ -336,10 +346,8 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
     # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.telemetry.observe).
     observers = [Observer()] if observe else []
     own = list(observers)
-    if rank == cfg.data.test_slow_rank:  # tests and demonstrations only: this rank computes test_slowdown x slower
-        backend.timer.slow_down(cfg.data.test_slowdown)
-    if cfg.data.shares == "adaptive" or cfg.data.test_slow_rank >= 0:
-        own.append(adaptive.AdaptiveShares(adapt=cfg.data.shares == "adaptive"))
+    if cfg.data.shares == "adaptive":
+        own.append(adaptive.AdaptiveShares())
     if plan.growth:
         own.append(adaptive.GrowthLearningRate())
     hooks = _Callbacks([*own, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
@@ -351,11 +359,13 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
             hooks.on_epoch_begin(ctx)
             epoch_start, tensors = time.perf_counter(), backend.wire.snapshot()["tensors"]
             local = _train_epoch(ctx, steps, hooks, bar, resume.consumed if epoch == resume.epoch else 0)
-            eval_start = time.perf_counter()
-            evaluation = evaluate() if evaluate is not None else {}
-            # Under a test slowdown (data.test_slowdown) the slowed rank also scores that much slower, whichever
-            # evaluator runs: a slower processor is slower at everything it computes.
-            backend.timer.slow_after(time.perf_counter() - eval_start)
+            eval_start, evaluation = time.perf_counter(), {}
+            if evaluate is not None:
+                # The hooks run inside the evaluation's time, whichever evaluator runs (a test's simulated slow
+                # rank scores slower there, as a slower processor would).
+                hooks.on_evaluate_begin(ctx)
+                evaluation = evaluate()
+                hooks.on_evaluate_end(ctx)
             local["epoch_seconds"] = time.perf_counter() - epoch_start
             local["eval_seconds"] = time.perf_counter() - eval_start
             ctx.metrics = _gather_metrics(backend, local, evaluation)
