@@ -4,7 +4,8 @@
     horovodrun -np 2 -H localhost:2 --gloo python examples/train_tensorflow_cnn.py --set sync.accumulate=2
 
 The same pieces as examples/keras_fit.py, driven by hand: the plan's stream gives each batch's loss weights, so the
-mean loss is right also on the short last step; the optimizer all-reduces every ``accumulate`` batches.
+mean loss is right also on the short last step; the optimizer all-reduces every ``accumulate`` batches and applies
+their sum.
 """
 import hvdsync.tensorflow as hs  # first: it keeps TensorFlow's start-up lines out of the terminal
 import keras
@@ -47,7 +48,10 @@ stream = sampler.dataset(lambda i: (tf.gather(images, i), tf.gather(labels, i)))
 def train_step(x, y, weights):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True), sample_weight=weights)
-    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        # A batch-mean loss, as Keras' fit computes it: scale_loss divides it by sync.accumulate, as fit does, so the
+        # SUM of the accumulated batches the optimizer applies is their mean (and scales it under fp16).
+        scaled = optimizer.scale_loss(loss)
+    optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
     return loss
 
 

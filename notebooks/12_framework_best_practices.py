@@ -121,8 +121,9 @@ plt.show()
 #
 # ## 2 · One API, two frameworks
 #
-# The adapters have the same file names and the same public names (all but the backend class, `TorchBackend` and
-# `TensorFlowBackend`), so the best-practice steps read the same. This
+# The adapters have the same file names, public names and signatures (`hvdsync.adapter.Adapter`; a test holds both to
+# it and names what one framework has alone, such as the backend class, `TorchBackend` and `TensorFlowBackend`, or
+# Keras' callbacks), so the best-practice steps read the same. This
 # is, written out, what `fit` does in each framework (the PyTorch version is the function run on the workers in
 # section 3; `fit` runs the TensorFlow one through `TensorFlowBackend`):
 #

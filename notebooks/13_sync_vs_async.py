@@ -25,7 +25,7 @@
 #   the ranks drift apart; the average pulls them back. **Post-local SGD** (Lin et al., ICLR 2020) trains the first
 #   steps synchronously (where the loss falls fastest) and goes local afterwards. In hvdsync:
 #   `sync.mode: local_sgd`, `sync.period: H`, `sync.warmup_steps: N`, for PyTorch and Keras 3
-#   (`hvdsync/torch/schemes/local_sgd.py`, `hvdsync/tensorflow/schemes.py`;
+#   (`hvdsync/torch/schemes/local_sgd.py`, `hvdsync/tensorflow/schemes/local_sgd.py`;
 #   the schedule is `hvdsync.core.comm.schemes.local_sgd`).
 #   The optimizer state (momentum) is averaged with the parameters, in the same all-reduce, so right after an
 #   averaging the ranks share one model *and* one optimizer state.

@@ -1,8 +1,11 @@
-"""hvdsync for TensorFlow 2 with Keras 3: the same names as :mod:`hvdsync.torch`.
+"""hvdsync for TensorFlow 2 with Keras 3: the same module files, names and signatures as :mod:`hvdsync.torch`
+(:class:`hvdsync.adapter.Adapter`; what is TensorFlow's only is named in tests/unit/test_adapter_protocol.py).
 
-    init, fit, build, TensorFlowBackend, distributed_optimizer, DistributedOptimizer, broadcast_state, PlanSampler,
-    ShardedLoader, CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, callbacks (Keras callbacks),
-    elastic_state, run_elastic, fit_elastic, keras_fit (elastic Keras fit of your own model)
+    init, fit, build, Callback, check_same_model, dataset_evaluator, distributed_optimizer, broadcast_state,
+    CodecCompressor, PlanSampler, ShardedLoader, mlp, CNN, SyncBatchNormalization, local_optimizer,
+    elastic_state, run_elastic, fit_elastic
+    TensorFlow's only: TensorFlowBackend (the backend class, named after its framework), DistributedOptimizer (a
+    Keras optimizer, for compile), callbacks (Keras callbacks), keras_fit (elastic Keras fit of your own model)
 
 Horovod 0.28.1's own TensorFlow helpers (``DistributedGradientTape``, the Keras callbacks, ``SyncBatchNormalization``)
 are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Horovod's low-level collectives
@@ -18,16 +21,19 @@ from hvdsync.launch.quiet import quiet_imports
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 quiet_imports()
 
+from hvdsync.core.train.loop import Callback  # noqa: E402
 from hvdsync.tensorflow import callbacks  # noqa: E402
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
 from hvdsync.tensorflow.data import PlanSampler, ShardedLoader  # noqa: E402
 from hvdsync.tensorflow.elastic import elastic_state, fit_elastic, keras_fit, run_elastic  # noqa: E402
+from hvdsync.tensorflow.evaluate import dataset_evaluator  # noqa: E402
 from hvdsync.tensorflow.layers import SyncBatchNormalization  # noqa: E402
 from hvdsync.tensorflow.models import CNN, local_optimizer, mlp  # noqa: E402
 from hvdsync.tensorflow.optimizer import DistributedOptimizer, broadcast_state, distributed_optimizer  # noqa: E402
 from hvdsync.tensorflow.runtime import init  # noqa: E402
-from hvdsync.tensorflow.train import TensorFlowBackend, build, fit  # noqa: E402
+from hvdsync.tensorflow.train import TensorFlowBackend, build, check_same_model, fit  # noqa: E402
 
-__all__ = ["init", "fit", "build", "TensorFlowBackend", "distributed_optimizer", "DistributedOptimizer",
-           "broadcast_state", "PlanSampler", "ShardedLoader", "CodecCompressor", "SyncBatchNormalization", "mlp", "CNN",
-           "local_optimizer", "callbacks", "elastic_state", "run_elastic", "fit_elastic", "keras_fit"]
+__all__ = ["init", "fit", "build", "Callback", "check_same_model", "dataset_evaluator", "distributed_optimizer",
+           "broadcast_state", "CodecCompressor", "PlanSampler", "ShardedLoader", "mlp", "CNN",
+           "SyncBatchNormalization", "local_optimizer", "elastic_state", "run_elastic", "fit_elastic",
+           "TensorFlowBackend", "DistributedOptimizer", "callbacks", "keras_fit"]

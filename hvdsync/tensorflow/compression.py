@@ -248,12 +248,13 @@ def take_sgd_momentum(optimizer, codec: Codec) -> bool:
     return True
 
 
-def make_reducer(sync, shapes: Sequence[tuple[int, ...]], counter: WireCounter | None = None, seed: int = 0,
-                 optimizer=None):
-    """The reducer ``sync.compression`` asks for: a :class:`CastReducer` or a :class:`CodecReducer`; both have
-    ``reduce(grads)``, ``counter`` and ``state`` (``None`` or a :class:`~hvdsync.core.comm.codecs.CodecState`).
-    ``optimizer``: the local Keras optimizer, whose SGD momentum the codec takes under ``sync.momentum_correction``."""
-    codec = get_codec(sync.compression)
+def make_reducer(sync, codec: Codec, shapes: Sequence[tuple[int, ...]], counter: WireCounter | None = None,
+                 seed: int = 0, optimizer=None):
+    """The reducer for ``codec`` (the optimizer's one codec, built from ``sync.compression``): a
+    :class:`CastReducer` or a :class:`CodecReducer`; both have ``reduce(grads)``, ``counter`` and ``state``
+    (``None`` or a :class:`~hvdsync.core.comm.codecs.CodecState`). ``sync``: the checked settings (op, error
+    feedback, momentum correction). ``optimizer``: the local Keras optimizer, whose SGD momentum the codec takes
+    under ``sync.momentum_correction``."""
     if optimizer is not None and sync.momentum_correction and codec.takes_momentum(sync.error_feedback):
         take_sgd_momentum(optimizer, codec)
     if codec.cast:

@@ -25,11 +25,12 @@ class PlanSampler(keras.callbacks.Callback):
     files, a ``tf.data`` of records) and hands ``(x, y, weights)`` to ``model.fit``. Every sample is read exactly
     once per epoch over all ranks and every rank gets the same number of batches (the short last step's batches may
     be smaller, even empty), so no rank waits in an all-reduce another never joins. The weights keep each sample's
-    share of the update at 1 / (samples in the global step) under Keras' mean loss per batch,
-    ``DistributedOptimizer``'s average over ``accumulate`` batches and Horovod's average over ranks, so the update
-    equals one process's on the same samples, also where micro-batches differ in size (a batch size that
-    ``accumulate`` does not divide, the short last step); they are 1 where all are equal. (Metrics passed as
-    ``metrics=`` ignore weights; ``weighted_metrics=`` use them.)
+    share of the update at 1 / (samples in the global step) under Keras' convention: its mean loss per batch,
+    divided by ``accumulate`` in ``DistributedOptimizer.scale_loss`` (Keras' ``fit`` calls it; a loop of your own
+    on these weights calls it too), and Horovod's average over ranks; so the update equals one process's on the
+    same samples, also where micro-batches differ in size (a batch size that ``accumulate`` does not divide, the
+    short last step); they are 1 where all are equal. (Metrics passed as ``metrics=`` ignore weights;
+    ``weighted_metrics=`` use them.)
 
     Each pass over the stream is the next epoch (Keras starts the next epoch's pass before its epoch callbacks run,
     so the stream cannot wait for them); ``set_epoch(e)`` before a pass picks ``e``. As a Keras callback it keeps
@@ -138,7 +139,9 @@ class PlanSampler(keras.callbacks.Callback):
 
     # ---- the stream --------------------------------------------------------------------------------------------
     def weights(self, step: Step, micro: np.ndarray) -> np.ndarray:
-        """Per-sample loss weights of one micro-batch for a *mean* loss: its size x accumulate x the loss scale."""
+        """Per-sample loss weights of one micro-batch for a *mean* loss passed through the optimizer's
+        ``scale_loss`` (which divides by accumulate): its size x accumulate x the loss scale. The weighted mean,
+        divided so, is the micro-batch's summed loss x the loss scale: the accumulation rule's loss."""
         w = len(micro) * self.plan.accumulate * loss_scale(step.global_count, self.plan.world_size, self.op)
         return np.full(len(micro), w, np.float32)
 

@@ -16,8 +16,9 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.core.comm.codecs import WireCounter
-from hvdsync.core.train.runtime import REDUCE_OP_NAMES
+from hvdsync.adapter import sync_settings
+from hvdsync.config import SyncConfig
+from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec
 from hvdsync.tensorflow.compression import make_reducer
 from hvdsync.tensorflow.sparse import add_slices, allgather_rows
 
@@ -31,64 +32,47 @@ def allreduce_gradients(grads: Sequence[tf.Tensor], reducer) -> list[tf.Tensor]:
     return reducer.reduce(list(grads))
 
 
-def _sync_settings(sync=None, compression=None, accumulate=None, op=None, sparse=None):
-    """A validated :class:`~hvdsync.config.SyncConfig`: ``sync`` (default: hvdsync's defaults) with the keyword
-    arguments that were given (so bad values fail with the config's field-named message). Horovod's own constants
-    are accepted too: ``op=hvd.Average``, ``compression=hvd.Compression.fp16``."""
-    from hvdsync.config import SyncConfig
-
-    if op is not None and not isinstance(op, str):
-        op = next((name for name, attr in REDUCE_OP_NAMES.items() if getattr(hvd, attr, None) == op), op)
-    if compression is not None and not isinstance(compression, str):
-        compression = {hvd.Compression.none: "none", hvd.Compression.fp16: "fp16"}.get(compression, compression)
-    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op),
-                               ("sparse", sparse)) if v is not None}
-    return dataclasses.replace(sync if sync is not None else SyncConfig(), **given)
-
-
 class DistributedOptimizer(keras.optimizers.Optimizer):
     """A Keras 3 optimizer that all-reduces gradients across Horovod ranks before the wrapped optimizer's update.
 
     Gradients of ``accumulate`` consecutive calls are summed locally (in optimizer variables, so the sum survives
     between calls of a ``tf.function`` and is saved with the model) and all-reduced once, with ``op`` and
-    ``compression``; then the wrapped optimizer updates. Build it with :func:`distributed_optimizer`.
+    ``compression``; then the wrapped optimizer updates with that sum (the accumulation rule of
+    :func:`distributed_optimizer`, as PyTorch's). Build it with :func:`distributed_optimizer`; built by hand it
+    takes a checked :class:`~hvdsync.config.SyncConfig` and the codec built from its ``compression``.
 
-    Two ways to drive it:
+    Three ways to drive it:
 
-    * Keras: ``model.compile(optimizer=...)`` + ``model.fit``, or ``apply_gradients(zip(grads, variables))`` once
-      per backward pass; every ``accumulate``-th call all-reduces and updates (a ``tf.cond``: no retrace). Each call's
-      gradients are of a mean loss, so the ``accumulate`` sums are averaged (``average_accumulated=True``, as Keras'
-      own ``gradient_accumulation_steps``): ``accumulate`` batches of ``b`` weigh like one batch of ``accumulate*b``.
+    * Keras: ``model.compile(optimizer=...)`` + ``model.fit``. Keras passes each batch's *mean* loss through
+      :meth:`scale_loss`, which divides it by ``accumulate``: ``accumulate`` batches of ``b`` then weigh like one
+      batch of ``accumulate*b``, as with Keras' own ``gradient_accumulation_steps``.
+    * Your loop: ``apply_gradients(zip(grads, variables))`` once per backward pass, on the loss the rule asks for
+      (summed, times :func:`~hvdsync.core.train.scaling.loss_scale`); every ``accumulate``-th call all-reduces and
+      updates (a ``tf.cond``: no retrace). A loop on batch-mean losses (Keras' convention, e.g. with
+      :class:`~hvdsync.tensorflow.PlanSampler`'s weights) passes each through :meth:`scale_loss`, as Keras does.
     * Phases: ``accumulate(grads)`` per pass, then ``synchronize()`` and ``step()``: the same, with the phases apart
-      (the shared loop times them, like PyTorch's ``optimizer.synchronize()``/``step()``); it scales each pass's
-      loss itself (:mod:`hvdsync.core.train.scaling`) and builds with ``average_accumulated=False``.
+      (the shared loop times them, like PyTorch's ``optimizer.synchronize()``/``step()``; it scales each pass's
+      loss itself: :mod:`hvdsync.core.train.scaling`).
 
     With ``accumulate=1`` (:attr:`direct`) ``apply_gradients`` all-reduces the gradients it is given and updates at
     once, as a raw Horovod loop does: the sum variables are neither written nor read (they stay zero), so the wrapper
     adds no variable traffic and no ``tf.cond`` to the step. The phases keep using the sums.
 
     Every rank must make the same calls in the same order: an all-reduce waits until all ranks have joined it.
-    ``iterations``, ``learning_rate`` and ``scale_loss`` are the wrapped optimizer's, so Keras learning-rate
-    callbacks and schedules see the real ones; ``iterations`` counts updates, not backward passes.
+    ``iterations`` and ``learning_rate`` are the wrapped optimizer's, so Keras learning-rate callbacks and schedules
+    see the real ones; ``iterations`` counts updates, not backward passes.
     """
 
     # A subclass whose synchronize()/step() carry more than the all-reduce and the update (local SGD's schedule)
     # sets this: its apply() must go through the phases even at accumulate 1.
     _phases_in_apply = False
 
-    def __init__(self, optimizer: keras.optimizers.Optimizer, compression: str = "none", accumulate: int = 1,
-                 op: str = "average", average_accumulated: bool = True, counter: WireCounter | None = None,
-                 seed: int = 0, error_feedback: bool = True, name: str | None = None, sparse: str = "dense",
-                 momentum_correction: bool = True) -> None:
-        from hvdsync.config import SyncConfig
-
-        sync = _sync_settings(SyncConfig(error_feedback=error_feedback, momentum_correction=momentum_correction),
-                              compression, accumulate, op, sparse)
+    def __init__(self, optimizer: keras.optimizers.Optimizer, sync: SyncConfig, codec: Codec,
+                 counter: WireCounter | None = None, seed: int = 0, name: str | None = None) -> None:
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
-        self.sync, self.seed = sync, seed
+        self.sync, self.codec, self.seed = sync, codec, seed
         self.accumulate_steps = sync.accumulate
-        self.average_accumulated = bool(average_accumulated)
         self._counter = counter if counter is not None else WireCounter()
         self.reducer = None  # made in build(): a codec with state needs the gradients' shapes
         # Positions whose gradients came as IndexedSlices under sync.sparse allgather; seen when accumulate() is
@@ -101,8 +85,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # checkpoints and tf.function (which may only create variables on its first trace) all see them.
         var_list = list(var_list)
         # The codec's state (residuals, ...) is made here, eagerly, like the sums.
-        self.reducer = make_reducer(self.sync, [tuple(v.shape) for v in var_list], self._counter, self.seed,
-                                    self.inner_optimizer)
+        self.reducer = make_reducer(self.sync, self.codec, [tuple(v.shape) for v in var_list], self._counter,
+                                    self.seed, self.inner_optimizer)
         # Named by position, not after the model's variables: Keras numbers layers per process ("dense_7"), so a
         # rank that built another model (an evaluation copy) names them differently, and Horovod pairs the ranks'
         # all-reduces by the names of the tensors handed to it: different names would wait for each other forever.
@@ -130,6 +114,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.learning_rate = learning_rate
 
     def scale_loss(self, loss):
+        """Keras' hook for the batch-mean loss of its ``train_step`` (``compile``/``fit``), and the one place where
+        Keras' averaging of the accumulated batches is applied: the loss is divided by ``accumulate``, so the SUM
+        this optimizer applies is their mean (the accumulation rule). Then the wrapped optimizer's own scaling
+        (the loss scale under fp16)."""
+        if self.accumulate_steps > 1:
+            loss = loss / self.accumulate_steps
         return self.inner_optimizer.scale_loss(loss)
 
     def apply_gradients(self, grads_and_vars):
@@ -163,16 +153,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def get_config(self) -> dict:
         return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
-                "compression": self.sync.compression, "accumulate": self.sync.accumulate, "op": self.sync.op,
-                "average_accumulated": self.average_accumulated, "seed": self.seed,
-                "error_feedback": self.sync.error_feedback, "sparse": self.sync.sparse,
-                "momentum_correction": self.sync.momentum_correction}
+                "sync": dataclasses.asdict(self.sync), "seed": self.seed}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects=None) -> "DistributedOptimizer":
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)
+        sync = SyncConfig(**config.pop("sync"))  # settings read back from a file: checked again, as they are read
+        return cls(inner, sync, get_codec(sync.compression), **config)
 
     @property
     def direct(self) -> bool:
@@ -278,11 +266,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def synchronize(self) -> None:
         """All-reduce the summed gradients across ranks, once for all the passes since the last step."""
-        reduced = self._reduce([s.value for s in self._grad_sums])
-        # Keras' mean-loss convention: the k passes of one update are averaged, like one batch k times as large.
-        factor = 1.0 / self.accumulate_steps if self.average_accumulated and self.accumulate_steps > 1 else None
-        for total, r in zip(self._grad_sums, reduced):
-            total.assign(r if factor is None else r * tf.cast(factor, r.dtype))
+        # The sum of the passes, not their mean (the accumulation rule; Keras' averaging is in scale_loss).
+        for total, r in zip(self._grad_sums, self._reduce([s.value for s in self._grad_sums])):
+            total.assign(r)
 
     def step(self, clear: bool = True) -> None:
         """Apply the (synchronized) gradients with the wrapped optimizer.
@@ -300,43 +286,46 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None = None, sync=None, *,
                           compression: str | None = None, accumulate: int | None = None, op=None,
-                          sparse: str | None = None, counter: WireCounter | None = None, seed: int = 0,
-                          average_accumulated: bool = True) -> DistributedOptimizer:
+                          sparse: str | None = None, counter: WireCounter | None = None,
+                          seed: int = 0) -> DistributedOptimizer:
     """Wrap a Keras 3 optimizer so that gradients are all-reduced by Horovod (Horovod's ``DistributedOptimizer``).
 
     Args:
         optimizer: the local Keras 3 optimizer (its learning rate, schedule and slots are used as they are).
         model: optional: build the optimizer over ``model.trainable_variables`` now (so that
             :func:`broadcast_state` sees its slot variables before the first step).
-        sync: a :class:`~hvdsync.config.SyncConfig` (``compression``, ``accumulate``, ``op``; a ``mode`` other
-            than ``allreduce`` returns that mode's optimizer from :mod:`hvdsync.tensorflow.schemes`); the keyword
-            arguments below override its fields. Default: hvdsync's defaults.
+        sync: a :class:`~hvdsync.config.SyncConfig`, e.g. ``cfg.sync`` (a ``mode`` other than ``allreduce``
+            returns that mode's optimizer from :mod:`hvdsync.tensorflow.schemes`); the keyword arguments below win
+            over it (:func:`hvdsync.adapter.sync_settings`). Default: hvdsync's defaults.
         compression: codec on the wire (``"none"``, ``"fp16"``, ``"topk:0.01"``, ...: :mod:`hvdsync.core.comm.codecs`;
             Horovod's ``hvd.Compression.fp16`` is accepted too).
-        sparse: ``IndexedSlices`` gradients (embeddings): ``"dense"`` (Horovod's ``sparse_as_dense``) or
-            ``"allgather"`` (the touched rows only; :mod:`hvdsync.tensorflow.sparse`).
         accumulate: backward passes per all-reduce and update (Horovod's ``backward_passes_per_step``).
         op: ``"average"`` (default), ``"sum"``, ``"adasum"``, or Horovod's ``hvd.Average``/``hvd.Sum``/``hvd.Adasum``.
+        sparse: ``IndexedSlices`` gradients (embeddings): ``"dense"`` (Horovod's ``sparse_as_dense``) or
+            ``"allgather"`` (the touched rows only; :mod:`hvdsync.tensorflow.sparse`).
         counter: a :class:`~hvdsync.core.comm.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
-        average_accumulated: average the ``accumulate`` passes (Keras' mean-loss convention, the default) or sum
-            them (a loop that scales each pass's loss itself).
+
+    The accumulation rule, the same in both frameworks: the optimizer applies the SUM of the ``accumulate`` backward
+    passes' gradients, combined across ranks by ``op``. In a loop of your own, each pass's loss is its micro-batch's
+    summed loss (the batch mean times the micro-batch's size) times
+    :func:`~hvdsync.core.train.scaling.loss_scale` of the global step, whose sample count covers every pass; the
+    update is then the gradient of the mean loss over the global step. Keras' ``compile``/``fit`` feeds batch-mean
+    losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
+    that applies Keras' averaging.
 
     Example:
         >>> model.compile(optimizer=distributed_optimizer(keras.optimizers.SGD(0.1), accumulate=4),  # doctest: +SKIP
         ...               loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
         >>> model.fit(dataset, callbacks=[BroadcastGlobalVariablesCallback(0)])                    # doctest: +SKIP
     """
-    s = _sync_settings(sync, compression, accumulate, op, sparse)
-    if s.mode != "allreduce":  # local SGD (hvdsync.tensorflow.schemes): the same optimizer, other phases
+    sync = sync_settings(sync, compression=compression, accumulate=accumulate, op=op, sparse=sparse, horovod=hvd)
+    if sync.mode != "allreduce":  # local SGD (hvdsync.tensorflow.schemes): the same optimizer, other phases
         from hvdsync.tensorflow.schemes import scheme_optimizer
 
-        wrapped = scheme_optimizer(optimizer, s, counter, average_accumulated)
-        if model is not None:
-            wrapped.build(model.trainable_variables)
-        return wrapped
-    wrapped = DistributedOptimizer(optimizer, s.compression, s.accumulate, s.op, average_accumulated, counter, seed,
-                                   s.error_feedback, sparse=s.sparse, momentum_correction=s.momentum_correction)
+        return scheme_optimizer(optimizer, model, sync, counter)
+    # This optimizer's one codec: its state (residuals, PowerSGD's Q) and SGD's momentum under correction live in it.
+    wrapped = DistributedOptimizer(optimizer, sync, get_codec(sync.compression), counter, seed)
     if model is not None:
         wrapped.build(model.trainable_variables)
     return wrapped

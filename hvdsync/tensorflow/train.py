@@ -16,10 +16,13 @@ import numpy as np
 import tensorflow as tf
 
 from hvdsync import datasets
+from hvdsync.core.train import runtime
 from hvdsync.core.train.loop import Callback, FitResult, fit_loop
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.scaling import scaled_lr
+from hvdsync.core.train.sharding import PlanState
 from hvdsync.registry import build_model
+from hvdsync.tensorflow.evaluate import dataset_evaluator
 from hvdsync.tensorflow.models import constant_learning_rate, local_optimizer
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer
 from hvdsync.tensorflow.precision import MixedPrecision
@@ -36,32 +39,41 @@ def _op_determinism() -> bool:
     return bool(is_op_determinism_enabled())
 
 
+def check_same_model(model: keras.Model) -> None:
+    """Fail on every rank, before any training, when the ranks built models with different variables
+    (:func:`hvdsync.core.train.runtime.check_same_model`; hvdsync pairs the ranks' tensors by position)."""
+    runtime.check_same_model([tuple(v.shape) for v in model.variables], lambda row: hvd.allgather(
+        tf.constant([row], tf.int64), name="hvdsync.model_check").numpy().tolist())
+
+
 class TensorFlowBackend:
     """The TensorFlow side of :class:`hvdsync.core.train.loop.Backend`.
 
     A step's last backward pass, its all-reduce and its update run as one ``tf.function`` graph (the passes before
     it, with ``accumulate > 1``, one graph each). Each graph call from Python costs about a millisecond of dispatch
     here: three calls per step made ``fit``'s step 1.06-1.13x a raw Horovod step on the small CNN, one call
-    1.01-1.04x, the adapter API's (``benchmarks/tf_apply_overhead.py``). The phase timer still sees compute, sync
+    1.01-1.04x, the adapter API's (``benchmarks/step.py tf-apply``). The phase timer still sees compute, sync
     wait and update apart: the graph reads the clock (``tf.timestamp``) when the gradients are ready and when the
-    reduced ones are in place. Under op determinism (``train.deterministic``), which forbids that clock, the three
-    phases are three graph calls.
+    reduced ones are in place. Under op determinism (``train.deterministic``), which forbids that clock, and with a
+    timer that acts at a phase's end (``timer.fuse_phases`` False), the three phases are three graph calls.
     """
 
     framework = "tensorflow"
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, sync, broadcast: bool = True,
                  precision: MixedPrecision | None = None, seed: int = 0, loss: Callable | None = None,
-                 input_shape: tuple[int, ...] | None = None) -> None:
+                 input_shape: tuple[int, ...] | None = None, timer: PhaseTimer | None = None) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
-        self.model, self.timer, self.loss = model, PhaseTimer(), loss
+        if broadcast:  # an elastic job makes no collective call before its loop (its state's sync checks instead)
+            check_same_model(model)
+        self.model, self.timer, self.loss = model, timer if timer is not None else PhaseTimer(), loss
         # Mixed precision: the policy was set before the model was built; fp16 wraps the local optimizer in a
         # loss-scale optimizer whose skip decision is all-reduced (hvdsync.tensorflow.precision).
         self.precision = precision if precision is not None else MixedPrecision("fp32")
         optimizer = self.precision.wrap(optimizer)
-        # Summed, not averaged, over the accumulated passes: the loop scales each pass's loss by its share of the
-        # global step (hvdsync.core.train.scaling), so the sum is already the global-step mean.
-        self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed, average_accumulated=False)
+        # The optimizer sums the accumulated passes (the accumulation rule): the loop scales each pass's loss by its
+        # share of the global step (hvdsync.core.train.scaling), so the sum is the global-step mean.
+        self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed)
         self.precision.attach(self.optimizer)
         self.wire = self.optimizer.counter  # what the optimizer's compressor hands to Horovod
         if broadcast:  # rank 0's model and optimizer variables to every rank (elastic: the state's first sync does)
@@ -153,20 +165,20 @@ class TensorFlowBackend:
         scale = tf.constant(scale, tf.float32)
         # Empty micro-batches (nothing to read on this rank) add nothing; the all-reduce still joins in.
         batches = [(x, y) for x, y in micro if len(y)]
-        # The last pass goes into the one-graph step, unless a test slowdown must first measure a pass apart or op
-        # determinism forbids the graph's clock reads.
-        fuse = batches and self.timer.slows_before and not _op_determinism()
+        # The last pass goes into the one-graph step, unless the timer acts at a phase's end (then each phase is a
+        # call of its own) or op determinism forbids the graph's clock reads.
+        fuse = batches and self.timer.fuse_phases and not _op_determinism()
         last = len(batches) - 1 if fuse else len(batches)
         for i, (x, y) in enumerate(batches[:last]):
             with self.timer.phase("compute", samples=len(y)):
                 total += float((self._first_backward if i == 0 else self._backward)(x, y, scale))
         if last < len(batches):
             x, y = batches[last]
-            slowed = self.timer.slow_before(len(y))
-            start = time.time()
-            loss, computed, synced = self._fused[last == 0](x, y, scale).numpy()
-            end = time.time()
-            self.timer.add_compute(computed - start, len(y), slowed)
+            with self.timer.phase("compute", samples=len(y)) as span:
+                start = time.time()
+                loss, computed, synced = self._fused[last == 0](x, y, scale).numpy()
+                end = time.time()
+                span.seconds = computed - start  # the call also all-reduced and updated: by the graph's clock
             self.timer.add("sync_wait", synced - computed)
             self.timer.add("update", end - synced)  # with the call's return to Python
             return total + float(loss)
@@ -191,7 +203,7 @@ class TensorFlowBackend:
         if self._predict is None:
             # Traced once (a batch dimension of None): Keras' eager call of a model runs op by op, which made the
             # evaluation of every epoch ~1.5x slower than this graph (MLP 64-4096-10, 8,192 samples: 150 -> 95 ms),
-            # time in which no share of a step can be won back (benchmarks/README.md, "Straggler-aware shares").
+            # time in which no share of a step can be won back (docs/measurements/shares.md, "Straggler-aware shares").
             spec = tf.TensorSpec((None, *np.shape(x)[1:]), tf.as_dtype(np.asarray(x).dtype))
             self._predict = tf.function(lambda v: tf.argmax(self.model(v, training=False), axis=1),
                                         input_signature=[spec])
@@ -214,25 +226,46 @@ class TensorFlowBackend:
         return float(self._norm())
 
 
-def build(cfg, data: datasets.Dataset, broadcast: bool = True, model: keras.Model | None = None,
-          loss: Callable | None = None, optimizer: keras.optimizers.Optimizer | None = None) -> TensorFlowBackend:
+def build(cfg, data: datasets.Dataset, model: keras.Model | None = None, loss: Callable | None = None,
+          optimizer: keras.optimizers.Optimizer | None = None, broadcast: bool = True,
+          timer: PhaseTimer | None = None) -> TensorFlowBackend:
     """The backend for ``cfg``: ``model`` (default: the registered ``train.model`` sized for ``data``), its local
     optimizer (default: ``train.optimizer`` with the learning rate scaled per ``train.lr_scaling``), Horovod;
-    ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
+    ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync); ``timer`` times the
+    phases (default a new :class:`~hvdsync.core.telemetry.profiling.PhaseTimer`)."""
     precision = MixedPrecision(cfg.train.precision)  # sets Keras' dtype policy for the layers built next
     model = model if model is not None else build_model(cfg, data, "tensorflow")
     if optimizer is None:
         optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
     return TensorFlowBackend(model, optimizer, cfg.sync, broadcast=broadcast, precision=precision,
-                             seed=cfg.train.seed, loss=loss, input_shape=tuple(data.x_train.shape[1:]))
+                             seed=cfg.train.seed, loss=loss, input_shape=tuple(data.x_train.shape[1:]), timer=timer)
+
+
+def _check_arguments(model, loss, train, num_workers: int) -> None:
+    # Plain argument checks, the same on every rank, so they fail before Horovod starts anything.
+    if model is not None and loss is None:
+        raise ValueError("loss: fit(model=...) with your own model needs loss=... (e.g. "
+                         "keras.losses.SparseCategoricalCrossentropy(from_logits=True)); only hvdsync's registered "
+                         "models come with a default loss")
+    if train is not None:
+        raise ValueError("train: hvdsync.tensorflow.fit(train=...) is not allowed; pass your arrays as "
+                         "data=Dataset(x_train, y_train, x_test, y_test, n_classes) (hvdsync.core.train.data), or "
+                         "fit a tf.data pipeline of your own with Keras' model.fit and hvdsync.tensorflow.PlanSampler "
+                         "(examples/keras_fit.py)")
+    if num_workers != 0:
+        raise ValueError(f"num_workers: {num_workers!r} is not allowed with hvdsync.tensorflow.fit, which reads "
+                         "in-memory arrays in this process (it is a torch DataLoader's worker count); to read in "
+                         "parallel, give PlanSampler.dataset(lookup, num_parallel_calls=...) to Keras' model.fit")
 
 
 def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, model: keras.Model | None = None,
-        loss: Callable | None = None, optimizer: keras.optimizers.Optimizer | None = None,
-        evaluate: Callable | None = None, callbacks: Sequence[Callback] = ()) -> FitResult:
+        loss: Callable | None = None, optimizer: keras.optimizers.Optimizer | None = None, train=None, test=None,
+        evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
+        num_workers: int = 0, timer: PhaseTimer | None = None) -> FitResult:
     """Initialise this TensorFlow worker and train with the shared loop; returns this rank's
-    :class:`~hvdsync.core.train.loop.FitResult`. The same arguments as :func:`hvdsync.torch.fit` (a ``tf.data`` pipeline of
-    your own goes through Keras' ``fit`` with :class:`~hvdsync.tensorflow.PlanSampler` instead).
+    :class:`~hvdsync.core.train.loop.FitResult`. The same arguments as :func:`hvdsync.torch.fit`; ``train`` and
+    ``num_workers`` (a torch ``DataLoader``'s) raise an error that says what to use here (a ``tf.data`` pipeline of
+    your own goes through Keras' ``fit`` with :class:`~hvdsync.tensorflow.PlanSampler`).
 
     Args:
         cfg: a :class:`~hvdsync.config.Config` (default ``Config()``).
@@ -242,17 +275,25 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         loss: ``loss(y_true, y_pred)`` returning the batch *mean*, e.g.
             ``keras.losses.SparseCategoricalCrossentropy(from_logits=True)``.
         optimizer: your *local* Keras optimizer (default: ``train.optimizer`` at the scaled ``train.lr``).
-        evaluate: ``evaluate() -> {metric: (sum, count)}`` over this rank's share (default: test accuracy).
+        train: not here (see above); num_workers: must stay 0.
+        test: ``(x, y)`` arrays (or an unbatched ``tf.data.Dataset`` of known length) scored for ``test_accuracy``
+            after each epoch, instead of ``data``'s test split (:func:`~hvdsync.tensorflow.dataset_evaluator`).
+        evaluate: instead of ``test``, ``evaluate() -> {metric: (sum, count)}`` over this rank's share (default:
+            test accuracy).
         callbacks: :class:`~hvdsync.core.train.loop.Callback` objects.
+        resume: a plan position (``FitResult.plan_state``, ``PlanSampler.state_dict()``) to continue from.
+        timer: a :class:`~hvdsync.core.telemetry.profiling.PhaseTimer` (subclass) to time the phases with, e.g. one
+            that acts around each phase (default a new ``PhaseTimer``).
     """
     from hvdsync.config import Config  # here: hvdsync.config imports the core, not the adapters
 
-    if model is not None and loss is None:
-        raise ValueError("loss: fit(model=...) with your own model needs loss=... (e.g. "
-                         "keras.losses.SparseCategoricalCrossentropy(from_logits=True)); only hvdsync's registered "
-                         "models come with a default loss")
+    _check_arguments(model, loss, train, num_workers)
     cfg = cfg or Config()
     init(cfg)
     data = data if data is not None else datasets.load(cfg.data, cfg.train.seed)
-    backend = build(cfg, data, model=model, loss=loss, optimizer=optimizer)
-    return fit_loop(cfg, backend, data, evaluate, callbacks=callbacks, before_step=before_step)
+    backend = build(cfg, data, model=model, loss=loss, optimizer=optimizer, timer=timer)
+    if evaluate is None and test is not None:
+        # Arrays read by fit_loop's own plan keep equal parts of the user's test set, as in hvdsync.torch.fit.
+        evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size)
+    resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
+    return fit_loop(cfg, backend, data, evaluate, callbacks=callbacks, resume=resume, before_step=before_step)

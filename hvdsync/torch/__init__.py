@@ -1,8 +1,11 @@
-"""hvdsync for PyTorch: the same names as :mod:`hvdsync.tensorflow`.
+"""hvdsync for PyTorch: the same module files, names and signatures as :mod:`hvdsync.tensorflow`
+(:class:`hvdsync.adapter.Adapter`; what is PyTorch's only is named in tests/unit/test_adapter_protocol.py).
 
-    init, fit, build, TorchBackend, distributed_optimizer, broadcast_state, PlanSampler, ShardedLoader,
-    CodecCompressor, SyncBatchNormalization, mlp, CNN, local_optimizer, Callback,
+    init, fit, build, Callback, check_same_model, dataset_evaluator, distributed_optimizer, broadcast_state,
+    CodecCompressor, PlanSampler, ShardedLoader, mlp, CNN, SyncBatchNormalization, local_optimizer,
     elastic_state, run_elastic, fit_elastic
+    PyTorch's only: TorchBackend (the backend class, named after its framework), LoaderSteps (a DataLoader as the
+    shared loop's steps)
 """
 from hvdsync.core.train.loop import Callback
 from hvdsync.torch.compression import CodecCompressor
@@ -15,7 +18,7 @@ from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
 from hvdsync.torch.runtime import init
 from hvdsync.torch.train import TorchBackend, build, check_same_model, fit
 
-__all__ = ["init", "fit", "build", "TorchBackend", "distributed_optimizer", "broadcast_state", "PlanSampler",
-           "LoaderSteps", "ShardedLoader", "CodecCompressor", "SyncBatchNormalization", "mlp", "CNN",
-           "local_optimizer", "Callback", "dataset_evaluator", "check_same_model",
-           "elastic_state", "run_elastic", "fit_elastic"]
+__all__ = ["init", "fit", "build", "Callback", "check_same_model", "dataset_evaluator", "distributed_optimizer",
+           "broadcast_state", "CodecCompressor", "PlanSampler", "ShardedLoader", "mlp", "CNN",
+           "SyncBatchNormalization", "local_optimizer", "elastic_state", "run_elastic", "fit_elastic",
+           "TorchBackend", "LoaderSteps"]

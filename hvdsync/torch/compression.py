@@ -129,7 +129,7 @@ class CodecCompressor:
             ``compress`` casts into a wire buffer reused from step to step, and ``decompress`` casts the reduced
             values back into the gradient that was compressed and returns it (Horovod's ``p.grad.set_`` then
             points the gradient at itself). Without it, every step allocates a new float16 tensor and a new float32
-            one per gradient: for a 21 M-parameter model ~100 MB of fresh pages a step (``benchmarks/fp16_step.py``
+            one per gradient: for a 21 M-parameter model ~100 MB of fresh pages a step (``benchmarks/step.py fp16``
             counts the page faults), as much CPU time as the halved transfer saves on a 2-core machine. Not for
             ``hvd.allreduce(x, compression=...)``, whose input must stay as it was.
     """
@@ -283,19 +283,25 @@ class CodecOptimizer(LocalOptimizerView):
     Everything else (``param_groups``, ``zero_grad``, ``add_param_group``) is the local optimizer's.
     ``state_dict()`` holds the local optimizer's state and, under ``"hvdsync_codec"``, the codec's.
 
+    Args:
+        optimizer: the local optimizer; named_parameters: ``model.named_parameters()``.
+        sync: the checked :class:`~hvdsync.config.SyncConfig` (op, error feedback, momentum correction).
+        codec: the reducing codec built from ``sync.compression`` (:func:`hvdsync.core.comm.codecs.get_codec`).
+        counter: records every tensor handed to Horovod; seed: the global seed of the codec's random choices.
+
     Example:
-        >>> opt = CodecOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-        ...                      Config.from_dict({"sync": {"compression": "topk:0.01"}}).sync)  # doctest: +SKIP
+        >>> sync = Config.from_dict({"sync": {"compression": "topk:0.01"}}).sync                  # doctest: +SKIP
+        >>> opt = CodecOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), sync,
+        ...                      get_codec(sync.compression))                                    # doctest: +SKIP
         >>> loss.backward(); opt.step(); opt.zero_grad()                                         # doctest: +SKIP
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Iterable, sync,
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Iterable, sync, codec: Codec,
                  counter: WireCounter | None = None, seed: int = 0) -> None:
         self.optimizer = optimizer
         # Sorted by name: every rank lists the same parameters in the same order, whatever order the user passed.
         self.parameters = [p for _, p in sorted(named_parameters, key=lambda kv: kv[0]) if p.requires_grad]
         device = self.parameters[0].device if self.parameters else "cpu"
-        codec = get_codec(sync.compression)
         # Momentum correction (DGC): the codec accumulates SGD's velocity; the optimizer then steps without momentum.
         self._decay = (take_sgd_momentum(optimizer, codec, self.parameters)
                        if sync.momentum_correction and codec.takes_momentum(sync.error_feedback) else None)

@@ -10,17 +10,19 @@ from torch.utils.data import DataLoader, Subset
 from hvdsync.core.train.shares import share_slice
 
 
-def dataset_evaluator(model: torch.nn.Module, dataset, batch_size: int = 256, device: torch.device | None = None,
-                      shares: Callable[[], Sequence[float] | None] = lambda: None) -> Callable[[], dict]:
+def dataset_evaluator(model: torch.nn.Module, dataset, batch_size: int = 256,
+                      shares: Callable[[], Sequence[float] | None] | None = None) -> Callable[[], dict]:
     """``evaluate()`` for :func:`hvdsync.core.train.loop.fit_loop`: accuracy of ``model`` (argmax of its outputs) on the
-    ``(input, label)`` samples of ``dataset``. Each rank scores its contiguous part, cut by ``shares()`` (the shares
-    of the training steps in force, ``None`` for equal: a slow rank scores fewer, as it trains on fewer); it returns
-    ``{"test_accuracy": (correct, count)}`` and the loop sums both over ranks, so the figure is over the whole set."""
-    device = device or torch.device("cpu")
+    ``(input, label)`` samples of ``dataset``, on the device the model's parameters are on. Each rank scores its
+    contiguous part, cut by ``shares()`` (the shares of the training steps in force; ``None`` or no ``shares``:
+    equal parts; a slow rank scores fewer, as it trains on fewer); it returns ``{"test_accuracy": (correct,
+    count)}`` and the loop sums both over ranks, so the figure is over the whole set. The same arguments as
+    :func:`hvdsync.tensorflow.dataset_evaluator`."""
 
     @torch.no_grad()
     def evaluate() -> dict:
-        part = share_slice(len(dataset), hvd.rank(), hvd.size(), shares())
+        part = share_slice(len(dataset), hvd.rank(), hvd.size(), shares() if shares is not None else None)
+        device = next(model.parameters()).device
         model.eval()
         correct, count = 0, 0
         try:

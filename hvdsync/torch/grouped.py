@@ -8,9 +8,9 @@ a ring, thread hand-offs), several per step. :class:`GroupedOptimizer` waits for
 gradient over in ONE ``hvd.grouped_allreduce_async_`` (one round, in place), which is what DDP does with a model
 that fits its first 25 MB bucket. It waits by polling with short sleeps: an unpatched Horovod 0.28.1's
 ``hvd.synchronize`` spins on ``sched_yield`` and takes the core that Horovod's and Gloo's threads of both ranks need
-(benchmarks/README.md, "Where the time goes", point 4). hvdsync's own build has patch 0005 (a condition variable),
-where the two waits measured alike (step_latency.py, quiet: 49.6 vs 50.5 ms a step); the poll keeps a Horovod built
-elsewhere, such as a cluster's own, from spinning.
+(docs/measurements/allreduce.md, "Where the time goes", point 4). hvdsync's own build has patch 0005 (a condition
+variable), where the two waits measured alike (benchmarks/step.py latency, quiet: 49.6 vs 50.5 ms a step); the poll
+keeps a Horovod built elsewhere, such as a cluster's own, from spinning.
 
 The result is the same sum as the hooks' (per element, the same two addends), so parameters match the hook path's.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
+from hvdsync.adapter import sync_settings
 from hvdsync.core.comm.codecs import WireCounter, get_codec
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
@@ -11,16 +12,9 @@ from hvdsync.torch.grouped import GroupedOptimizer, groups_after_backward
 from hvdsync.torch.sparse import use_sparse_allgather
 
 
-def _sync_config(sync, compression: str | None, accumulate: int | None, op: str | None, sparse: str | None = None):
-    """A :class:`~hvdsync.config.SyncConfig` from ``sync`` with the keyword arguments that were given winning;
-    validated like a config (a bad value fails with the field's name)."""
-    import dataclasses
-
-    from hvdsync.config import SyncConfig  # here: hvdsync.config imports the core, not the adapters
-
-    given = {k: v for k, v in (("compression", compression), ("accumulate", accumulate), ("op", op),
-                                               ("sparse", sparse)) if v is not None}
-    return SyncConfig(**{**dataclasses.asdict(sync if sync is not None else SyncConfig()), **given})
+def _needs_model(sync) -> ValueError:
+    return ValueError(f"model: distributed_optimizer(compression={sync.compression!r}, mode={sync.mode!r}) needs "
+                      "the model")
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None, sync=None, *,
@@ -33,15 +27,25 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         optimizer: the local optimizer over the model's parameters.
         model: the model; its parameter names label Horovod's tensors (which helps in timelines). Optional for
             cast codecs; the codecs that change a gradient's shape and the other sync modes need it.
-        sync: a :class:`~hvdsync.config.SyncConfig` (optional; the keyword arguments below win over it).
-        compression: codec on the wire (``none``, ``fp16``, ``topk:0.01``, ...; :mod:`hvdsync.core.comm.codecs`).
+        sync: a :class:`~hvdsync.config.SyncConfig`, e.g. ``cfg.sync`` (optional; the keyword arguments below win
+            over it: :func:`hvdsync.adapter.sync_settings`).
+        compression: codec on the wire (``none``, ``fp16``, ``topk:0.01``, ...; :mod:`hvdsync.core.comm.codecs`;
+            Horovod's ``hvd.Compression.fp16`` is accepted too).
         accumulate: backward passes per all-reduce (Horovod's ``backward_passes_per_step``: gradients are summed
             locally and all-reduced once per ``accumulate`` passes).
-        op: ``average``, ``sum`` or ``adasum``.
+        op: ``average``, ``sum`` or ``adasum`` (or Horovod's ``hvd.Average``/``hvd.Sum``/``hvd.Adasum``).
         sparse: sparse gradients (``nn.Embedding(sparse=True)``): ``dense`` (Horovod's ``sparse_as_dense``) or
             ``allgather`` (the touched rows only; :mod:`hvdsync.torch.sparse`).
         counter: a :class:`~hvdsync.core.comm.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
+
+    The accumulation rule, the same in both frameworks: the optimizer applies the SUM of the ``accumulate`` backward
+    passes' gradients, combined across ranks by ``op``. In a loop of your own, each pass's loss is its micro-batch's
+    summed loss (the batch mean times the micro-batch's size) times
+    :func:`~hvdsync.core.train.scaling.loss_scale` of the global step, whose sample count covers every pass; the
+    update is then the gradient of the mean loss over the global step. Keras' ``compile``/``fit`` feeds batch-mean
+    losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
+    that applies Keras' averaging.
 
     Gradients that total at most ``sync.grouped_mb`` MiB (default 25, DDP's bucket) are all-reduced in one grouped
     call after the backward pass (:class:`~hvdsync.torch.grouped.GroupedOptimizer`); larger models get
@@ -53,25 +57,30 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     Example:
         >>> opt = distributed_optimizer(torch.optim.SGD(model.parameters(), 0.1), model,   # doctest: +SKIP
         ...                             compression="fp16", accumulate=4)
+        >>> for x, y in micro_batches:                                                      # doctest: +SKIP
+        ...     (F.cross_entropy(model(x), y, reduction="sum") * loss_scale(global_count, hvd.size(), "average")
+        ...      ).backward()
+        >>> opt.step(); opt.zero_grad()                                                     # doctest: +SKIP
     """
-    sync = _sync_config(sync, compression, accumulate, op, sparse)
-    needs_model = getattr(sync, "mode", "allreduce") != "allreduce" or not get_codec(sync.compression).cast
-    if model is None and needs_model:
-        raise ValueError(f"model: distributed_optimizer(compression={sync.compression!r}, "
-                         f"mode={getattr(sync, 'mode', 'allreduce')!r}) needs the model")
-    if getattr(sync, "mode", "allreduce") != "allreduce":
+    sync = sync_settings(sync, compression=compression, accumulate=accumulate, op=op, sparse=sparse, horovod=hvd)
+    if sync.mode != "allreduce":
+        if model is None:
+            raise _needs_model(sync)
         from hvdsync.torch.schemes import scheme_optimizer
 
         return scheme_optimizer(optimizer, model, sync, counter)
+    codec = get_codec(sync.compression)  # this optimizer's one codec: its state and momentum live in it
     # ---- codecs that change the gradient's shape (top-k, rand-k, int8, PowerSGD): reduced after the backward
     # pass by hvdsync.torch.compression; cast codecs keep Horovod's asynchronous all-reduce below.
-    if not get_codec(sync.compression).cast:
-        return CodecOptimizer(optimizer, model.named_parameters(), sync, counter, seed)
+    if not codec.cast:
+        if model is None:
+            raise _needs_model(sync)
+        return CodecOptimizer(optimizer, model.named_parameters(), sync, codec, counter, seed)
     # ---- end of the codec dispatch
     # In place: Horovod (or the grouped call) reduces the returned wire tensor and hands it back to decompress,
     # which writes the result into p.grad; without it fp16 allocated a float16 and a float32 copy of every
-    # gradient each step (benchmarks/fp16_step.py).
-    compressor = CodecCompressor(sync.compression, counter, in_place=True)
+    # gradient each step (benchmarks/step.py fp16).
+    compressor = CodecCompressor(codec, counter, in_place=True)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if groups_after_backward(sync, params):
         return GroupedOptimizer(optimizer, model.named_parameters() if model is not None else None, sync, compressor)
@@ -79,7 +88,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         optimizer,
         named_parameters=list(model.named_parameters()) if model is not None else None,
         compression=compressor,
-        backward_passes_per_step=sync.accumulate,
+        backward_passes_per_step=sync.accumulate,  # Horovod sums the passes in .grad: the rule above
         op=getattr(hvd, REDUCE_OP_NAMES[sync.op]),
         sparse_as_dense=sync.sparse == "dense",
     )

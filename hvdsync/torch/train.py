@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from hvdsync import datasets
-from hvdsync.core.train import seeding
+from hvdsync.core.train import runtime, seeding
 from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.core.train.loop import Callback, FitResult, fit_loop
 from hvdsync.core.telemetry.profiling import PhaseTimer
@@ -35,20 +35,10 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_same_model(model: torch.nn.Module) -> None:
-    """Fail on every rank, before any training, when the ranks built models with different parameters.
-
-    Horovod pairs the ranks' gradient tensors by name and shape; a model that differs between ranks (a size read
-    from a rank-local file, a layer built only on rank 0) would otherwise hang in the first all-reduce or fail deep
-    inside Horovod.
-    """
-    shapes = [tuple(p.shape) for p in model.parameters()]
-    mine = torch.tensor([[len(shapes), sum(int(np.prod(s)) for s in shapes), hash(tuple(shapes)) % (2 ** 31)]],
-                        dtype=torch.int64)
-    every = hvd.allgather(mine, name="hvdsync.model_check").tolist()
-    if any(row != every[0] for row in every):
-        per_rank = "; ".join(f"rank {r}: {row[0]} tensors, {row[1]:,} numbers" for r, row in enumerate(every))
-        raise ValueError(f"model: the parameters differ between ranks ({per_rank}); every rank must build the same "
-                         "model (same layers and sizes) before training")
+    """Fail on every rank, before any training, when the ranks built models with different parameters
+    (:func:`hvdsync.core.train.runtime.check_same_model`; Horovod pairs the ranks' gradients by name and shape)."""
+    runtime.check_same_model([tuple(p.shape) for p in model.parameters()], lambda row: hvd.allgather(
+        torch.tensor([row], dtype=torch.int64), name="hvdsync.model_check").tolist())
 
 
 class TorchBackend:
@@ -63,12 +53,15 @@ class TorchBackend:
             default cross-entropy.
         precision: ``fp32``, ``fp16`` or ``bf16`` (:class:`~hvdsync.torch.precision.MixedPrecision`).
         seed: the global seed for the codecs' shared random choices.
+        timer: the :class:`~hvdsync.core.telemetry.profiling.PhaseTimer` (or subclass) that times each phase;
+            default a new one.
     """
 
     framework = "torch"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync=None,
-                 loss: Loss | None = None, precision: str = "fp32", seed: int = 0, broadcast: bool = True) -> None:
+                 loss: Loss | None = None, precision: str = "fp32", seed: int = 0, broadcast: bool = True,
+                 timer: PhaseTimer | None = None) -> None:
         self.rank, self.size = hvd.rank(), hvd.size()
         if broadcast:  # an elastic job makes no collective call before its loop (its state's sync checks instead)
             check_same_model(model)
@@ -76,7 +69,7 @@ class TorchBackend:
         self.model = model.to(self.device)
         self.loss = loss if loss is not None else F.cross_entropy
         self.wire = WireCounter()
-        self.timer = PhaseTimer()
+        self.timer = timer if timer is not None else PhaseTimer()
         wrapped = hasattr(optimizer, "synchronize") and hasattr(optimizer, "skip_synchronize")
         self.optimizer = optimizer if wrapped else distributed_optimizer(optimizer, model, sync, counter=self.wire,
                                                                          seed=seed)
@@ -153,14 +146,17 @@ class TorchBackend:
 
 
 def build(cfg, data: datasets.Dataset, model: torch.nn.Module | None = None, loss: Loss | None = None,
-          optimizer: torch.optim.Optimizer | None = None, broadcast: bool = True) -> TorchBackend:
+          optimizer: torch.optim.Optimizer | None = None, broadcast: bool = True,
+          timer: PhaseTimer | None = None) -> TorchBackend:
     """The backend for ``cfg``: ``model`` (default: the registered ``train.model`` sized for ``data``), its local
     optimizer (default: ``train.optimizer`` with the learning rate scaled per ``train.lr_scaling``), Horovod;
-    ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync)."""
+    ``broadcast`` rank 0's state now (an elastic job leaves that to its state's first sync); ``timer`` times the
+    phases (default a new :class:`~hvdsync.core.telemetry.profiling.PhaseTimer`)."""
     model = model if model is not None else build_model(cfg, data, "torch")
     if optimizer is None:
         optimizer = local_optimizer(cfg, model, scaled_lr(cfg.train.lr, hvd.size(), cfg.train.lr_scaling))
-    backend = TorchBackend(model, optimizer, cfg.sync, loss, cfg.train.precision, cfg.train.seed, broadcast=broadcast)
+    backend = TorchBackend(model, optimizer, cfg.sync, loss, cfg.train.precision, cfg.train.seed, broadcast=broadcast,
+                           timer=timer)
     # The model was built from the global seed (identical start, then broadcast anyway); from here on torch's
     # generator draws per rank, so dropout masks and noise differ between ranks as they should (notebook 02).
     torch.manual_seed(seeding.rank_seed(cfg.train.seed, hvd.rank()))
@@ -183,7 +179,7 @@ def _check_arguments(model, loss, train) -> None:
 def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, model: torch.nn.Module | None = None,
         loss: Loss | None = None, optimizer: torch.optim.Optimizer | None = None, train=None, test=None,
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
-        num_workers: int = 0) -> FitResult:
+        num_workers: int = 0, timer: PhaseTimer | None = None) -> FitResult:
     """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.train.loop.FitResult`.
 
     With no model or data given it trains what ``cfg`` names (``train.model`` on ``data.dataset``, from
@@ -202,6 +198,8 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         evaluate: instead of ``test``, ``evaluate() -> {metric: (sum, count)}`` over this rank's share.
         callbacks: :class:`~hvdsync.core.train.loop.Callback` objects.
         resume: a plan position (``PlanSampler.state_dict()``, ``FitResult.plan_state``) to continue from.
+        timer: a :class:`~hvdsync.core.telemetry.profiling.PhaseTimer` (subclass) to time the phases with, e.g. one
+            that acts around each phase (default a new ``PhaseTimer``).
 
     Example:
         >>> fit(cfg, model=MyCNN(), loss=nn.CrossEntropyLoss(label_smoothing=0.1),      # doctest: +SKIP
@@ -220,12 +218,12 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
             train, batch_sampler=PlanSampler.from_config(cfg, train), num_workers=num_workers,
             pin_memory=torch.cuda.is_available())
         steps = LoaderSteps(loader)
-    backend = build(cfg, data, model, loss, optimizer)
+    backend = build(cfg, data, model, loss, optimizer, timer=timer)
     if evaluate is None and test is not None:
         # Cut by the shares the loader's plan has in force (adaptive shares change them each epoch); arrays read
         # by fit_loop's own plan keep equal parts of the user's test set.
-        shares = (lambda: steps.plan.shares) if train is not None else (lambda: None)
-        evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size, backend.device, shares=shares)
+        shares = (lambda: steps.plan.shares) if train is not None else None
+        evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size, shares=shares)
     resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
     return fit_loop(cfg, backend, steps, evaluate, callbacks=callbacks, resume=resume, before_step=before_step)
 

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORE = ROOT / "hvdsync" / "core"
 FRAMEWORKS = ("torch", "tensorflow", "keras", "jax", "horovod")
 ABOVE_THE_CORE = ("hvdsync.config", "hvdsync.registry", "hvdsync.launch", "hvdsync.torch", "hvdsync.tensorflow",
-                  "hvdsync.datasets", "hvdsync.fitting", "hvdsync.elastic", "hvdlab")
+                  "hvdsync.adapter", "hvdsync.datasets", "hvdsync.fitting", "hvdsync.elastic", "hvdlab")
 
 
 def _imports(path):

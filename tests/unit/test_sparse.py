@@ -30,10 +30,10 @@ def test_workable_sparse_settings_pass(sync):
 
 
 def test_the_keyword_of_the_optimizers_is_checked_like_the_config():
-    from hvdsync.torch.optimizer import _sync_config
+    from hvdsync.adapter import sync_settings  # both adapters' distributed_optimizer resolve their keywords here
 
     with pytest.raises(ConfigError, match=r"^sync.sparse: 'allgather' is not allowed; with sync.compression 'int8'"):
-        _sync_config(None, "int8", None, None, "allgather")
+        sync_settings(None, compression="int8", sparse="allgather")
 
 
 def test_byte_formulas():

@@ -9,10 +9,11 @@ the run's record shows the value that applied (:func:`applied_params`), never on
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, MutableMapping
+from typing import Any, Callable, MutableMapping, Sequence
 
 REDUCE_OP_NAMES = {"average": "Average", "sum": "Sum", "adasum": "Adasum"}
 
@@ -113,3 +114,19 @@ def applied_params(cfg: Any, environ: MutableMapping[str, str] | None = None) ->
             except ValueError:  # a value Horovod itself would misread: record the raw string, claim nothing else
                 params[field] = f"unparsable environment value {environ[name]!r}"
     return params
+
+
+def check_same_model(shapes: Sequence[tuple[int, ...]], allgather: Callable[[list[int]], list[list[int]]]) -> None:
+    """Fail on every rank, before any training, when the ranks built models with different parameters: ``shapes``
+    are this rank's parameter shapes, ``allgather(row)`` returns every rank's row (the adapter's Horovod call).
+
+    Horovod pairs the ranks' tensors by name or position and shape; a model that differs between ranks (a size read
+    from a rank-local file, a layer built only on rank 0) would otherwise hang in the first collective or fail deep
+    inside Horovod. Both adapters' ``check_same_model`` hand their model's shapes here.
+    """
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+    every = allgather([len(shapes), sum(math.prod(s) for s in shapes), hash(tuple(shapes)) % (2 ** 31)])
+    if any(list(row) != list(every[0]) for row in every):
+        per_rank = "; ".join(f"rank {r}: {row[0]} tensors, {row[1]:,} numbers" for r, row in enumerate(every))
+        raise ValueError(f"model: the parameters differ between ranks ({per_rank}); every rank must build the same "
+                         "model (same layers and sizes) before training")

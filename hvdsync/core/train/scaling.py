@@ -8,7 +8,9 @@ global step (all ranks, all micro-batches), exactly as one process would compute
 
 * Accumulation: the k micro-batch gradients are *added* locally (backward passes accumulate into ``.grad``), so
   each micro-batch's loss is divided by the global count G, not by its own size. Dividing by the micro-batch size
-  (the common bug) would make k micro-batches weigh k times one batch of the same samples.
+  (the common bug) would make k micro-batches weigh k times one batch of the same samples. Both frameworks'
+  distributed optimizers apply that sum (the rule in ``hvdsync.adapter.ACCUMULATION_RULE``); only Keras'
+  ``fit``, which feeds batch-mean losses, has them divided by k, in TensorFlow's ``DistributedOptimizer.scale_loss``.
 * Uneven shares: on the last step ranks may hold different numbers of samples; scaling by the rank's *share* of G
   (rather than taking each rank's own mean) keeps every sample's weight 1/G.
 * Horovod's ``average`` divides the sum over ranks by the world size W, so the scale is multiplied by W to undo it;

@@ -45,7 +45,7 @@ class LocalSGDOptimizer(SchemeOptimizer):
         self.received += nbytes
         self.rounds += 1
         # In place: flat is this call's own concatenation, so Horovod need not allocate (and page-fault in) a second
-        # buffer of the model's size and copy into it (benchmarks/README.md, "Where the time goes").
+        # buffer of the model's size and copy into it (docs/measurements/allreduce.md, "Where the time goes").
         return hvd.allreduce_(flat, op=hvd.Average, name=name)
 
     def state_dict(self) -> dict:

@@ -4,7 +4,7 @@
 impossible combination (a parameter server with Adasum, gossip with a gradient codec, a mode the framework's
 adapter does not implement) fails with one message naming the field. The framework-free maths and the numpy
 simulations live in the submodules (:mod:`.ps`, :mod:`.gossip`, :mod:`.local_sgd`, :mod:`.staleness`); the
-adapters (``hvdsync/torch/schemes/``, ``hvdsync/tensorflow/schemes.py``) only move tensors through Horovod's
+adapters (``hvdsync/torch/schemes/``, ``hvdsync/tensorflow/schemes/``) only move tensors through Horovod's
 collectives as those modules plan.
 
 Example:

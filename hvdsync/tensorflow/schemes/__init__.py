@@ -1,0 +1,45 @@
+"""``sync.mode`` for TensorFlow/Keras 3: local SGD built from Horovod's collectives (mirrors ``hvdsync/torch/schemes/``,
+file for file where the mode exists; parameter server and gossip are PyTorch's only).
+
+:func:`hvdsync.tensorflow.distributed_optimizer` looks ``sync.mode`` up in :data:`SCHEMES` and, for any mode but
+``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.optimizer.DistributedOptimizer`.
+They *are* that optimizer (a Keras 3 ``Optimizer``) with other ``synchronize``/``step`` phases, so Keras
+``compile``/``fit``, ``apply_gradients`` in the user's ``tf.function`` step and hvdsync's shared loop work unchanged.
+When to communicate comes from :mod:`hvdsync.core.comm.schemes.local_sgd`; this package only moves tensors.
+
+* :class:`LocalSGDOptimizer` (``sync.mode: local_sgd``): ``step`` is the local update; every ``sync.period``
+  updates it then averages the trainable variables and the optimizer's slot variables (momentum, Adam's moments)
+  in one ``hvd.grouped_allreduce``; with ``sync.warmup_steps`` the first updates all-reduce the gradients instead
+  (post-local SGD).
+"""
+from __future__ import annotations
+
+import keras
+
+from hvdsync.core.comm.codecs import WireCounter, get_codec
+from hvdsync.tensorflow.optimizer import DistributedOptimizer
+from hvdsync.tensorflow.schemes.local_sgd import LocalSGDOptimizer
+
+SCHEMES: dict[str, type[DistributedOptimizer]] = {"local_sgd": LocalSGDOptimizer}
+
+
+def scheme_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None, sync,
+                     counter: WireCounter | None = None) -> DistributedOptimizer:
+    """The Keras optimizer for ``sync.mode`` (any mode in :data:`SCHEMES`), built over ``model``'s trainable
+    variables when it is given (the same arguments as :func:`hvdsync.torch.schemes.scheme_optimizer`).
+
+    Example (inside a Horovod worker)::
+
+        opt = scheme_optimizer(keras.optimizers.SGD(0.1), model, SyncConfig(mode="local_sgd", period=4))
+    """
+    if sync.mode not in SCHEMES:
+        raise ValueError(f"sync.mode: {sync.mode!r} is not allowed with train.framework 'tensorflow'; "
+                         f"choose one of: allreduce, {', '.join(SCHEMES)}")
+    # Parameters, not gradients, are averaged: no gradient codec (the config allows only compression none here).
+    wrapped = SCHEMES[sync.mode](optimizer, sync, get_codec("none"), counter)
+    if model is not None:
+        wrapped.build(model.trainable_variables)
+    return wrapped
+
+
+__all__ = ["SCHEMES", "scheme_optimizer", "LocalSGDOptimizer"]
