@@ -10,8 +10,8 @@ import numpy as np
 
 def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: int = 6, overflow_at: int = 3) -> dict:
     """fp16 with a dynamic loss scale: at step ``overflow_at`` only rank 0's gradients are made non-finite
-    (:meth:`MixedPrecision.inject_overflow`). Returns, per compression, every step's loss scale, whether it stepped,
-    the parameter change and the spread of parameter fingerprints across ranks."""
+    (:meth:`MixedPrecision.inject_overflow`). Returns, per compression, every step's loss scale before and after, the
+    steps it skipped (0 or 1), the largest parameter change and the spread of parameter fingerprints across ranks."""
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.telemetry import monitor
@@ -38,7 +38,7 @@ def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: i
                                loss_scale(step.global_count, backend.size, "average"))
             after = backend.parameters()
             rows.append({"scale_before": scale_before, "scale_after": backend.precision.scale,
-                         "skipped": backend.precision.skipped_steps > skipped_before,
+                         "skipped_steps": backend.precision.skipped_steps - skipped_before,
                          "change": float(max(np.abs(a - b).max() for a, b in zip(after, before))),
                          "spread": monitor.spread(backend.allgather(monitor.fingerprint(after)))})
         out[spec] = rows
@@ -83,7 +83,7 @@ def accumulate_checks(framework: str, compressions=("topk:0.01", "powersgd:2"), 
 
 # The digits runs: plain SGD at lr 0.5, 10 epochs of 2 x 32 samples (220 steps). (At this lr plain SGD on digits
 # is at the edge of stability: `none` itself swings by tens of points between epochs on some seeds, so single-run
-# differences of ~1 point between codecs are noise; benchmarks/codec_seeds.py measures over seeds.)
+# differences of ~1 point between codecs are noise; benchmarks/compression.py seeds measures over seeds.)
 TRAIN = {"epochs": 10, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5}
 # (compression, error feedback, the accuracy each must reach on digits). none reaches 0.951 with these settings.
 CODECS = [("none", True, 0.94), ("fp16", True, 0.94), ("bf16", True, 0.94), ("topk:0.01", True, 0.94),

@@ -10,7 +10,7 @@ def all_checks(framework: str) -> dict:
     """The 100k-row embedding table with sync.sparse allgather and dense (codec none, then fp16), dense under
     top-k (a reducing codec on a densified sparse gradient), batch-norm statistics of an uneven split, and the
     framework's other path: PyTorch's other sync modes, Keras compile/fit."""
-    codesign = importlib.import_module(f"hvdsync.{framework}.codesign")
+    codesign = importlib.import_module(f"hvdlab.{framework}.codesign")
     out = {"none": codesign.embedding_exchange(steps=3),
            "fp16": codesign.embedding_exchange(steps=2, compression="fp16"),
            "topk": codesign.embedding_exchange(steps=2, compression="topk:0.01", modes=("dense",)),

@@ -35,8 +35,8 @@ def keras_fit(cfg_dict: dict) -> dict:
     # What a commit saves and a joining worker is sent: every accumulation sum and the pass counter, once each.
     listed = [id(v) for v in state.tensors.variables]
     own = [*model.optimizer.gradient_sums, model.optimizer._passes, *model.optimizer.inner_optimizer.variables]
-    state_lists = {"optimizer_variables_once": [listed.count(id(v)) for v in own],
-                   "unique": len(set(listed)) == len(listed)}
+    state_lists = {"times_listed": [listed.count(id(v)) for v in own],   # per optimizer variable
+                   "listed": len(listed), "distinct_listed": len(set(listed))}
 
     class Faults(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):

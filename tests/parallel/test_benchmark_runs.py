@@ -1,6 +1,9 @@
-"""``benchmarks/allreduce.py --quick`` runs every path end to end, and every reduced result is checked.
+"""The benchmark suites (``benchmarks/<suite>.py``) run every path end to end in tiny configurations, and check what
+they measure: ``allreduce.py --quick`` (every reduced result checked), ``training.py --quick``, ``knobs.py`` (a tiny
+sweep, and ``idle-loop``), ``step.py tf-apply`` and ``step.py latency``, ``shares.py``; and ``--record`` keeps a run as
+a record in the index (``step.py fp16``: ``test_fp16_step.py``).
 
-No timing is asserted (the machine is shared; figures live in benchmarks/README.md): these tests check that the
+No timing is asserted (the machine is shared; figures live in benchmarks/results/): these tests check that the
 benchmark measures what it says: all variants, all sizes, positive finite times, results verified element by
 element on every rank, and a wrong reduction failing the run instead of producing a figure.
 """
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdlab.bench import records
 from hvdsync.config import SyncConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,9 +146,10 @@ def test_training_tensorflow_contenders_match_one_process(tmp_path):
     assert proc.returncode == 3
 
 
-# ---- benchmarks/idle_loop.py: the compute of idle workers, plain / Horovod with 0007 / upstream's loop ------------
+# ---- benchmarks/knobs.py idle-loop: the compute of idle workers, plain / Horovod with 0007 / upstream's loop -------
 def _script_json(tmp_path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run ``benchmarks/<script>`` with ``args`` and ``--json``; it must succeed; returns its output and JSON."""
+    """Run ``benchmarks/<script>`` with ``args`` (a part's name first, where the suite has several) and ``--json``;
+    it must succeed; returns its output and JSON."""
     out = tmp_path / f"{script}.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
@@ -152,8 +157,20 @@ def _script_json(tmp_path, script: str, *args: str) -> tuple[subprocess.Complete
     return proc, json.loads(out.read_text())
 
 
-def test_idle_loop_times_every_contender_in_every_round(tmp_path):
-    proc, doc = _script_json(tmp_path, "idle_loop.py", "--rounds", "2", "--seconds", "1")
+def test_idle_loop_times_every_contender_in_every_round_and_is_recorded(tmp_path):
+    # Recorded into a results folder of the test's own: the run's output and JSON become a record of the knobs
+    # suite, listed in that folder's index, as `make bench` records into benchmarks/results/.
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "knobs.py"), "--record", "quick", "--results",
+                           str(results), "idle-loop", "--rounds", "2", "--seconds", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [name] = records.manifests(results)["knobs"]["records"]
+    assert name.endswith("-idle-loop-quick")
+    assert [p.name for p in records.files(results / "knobs", name)] == [f"{name}.json", f"{name}.txt"]
+    assert records.unlisted(results) == [] and f"(knobs/{name}.json)" in (results / records.INDEX).read_text()
+    doc = json.loads((results / "knobs" / f"{name}.json").read_text())
+    assert (results / "knobs" / f"{name}.txt").read_text() in proc.stdout   # the record holds what was printed
     assert len(doc["rounds"]) == 2
     for r in doc["rounds"]:
         assert set(r) == {"plain", "horovod", "upstream"}
@@ -165,9 +182,25 @@ def test_idle_loop_times_every_contender_in_every_round(tmp_path):
         assert proc.stdout.count(f"\n{name} ") == 1, name            # one table row per contender
 
 
-# ---- benchmarks/tf_apply_overhead.py and step_latency.py: contenders interleaved step by step in the same workers --
+# ---- benchmarks/knobs.py (the sweep): each configuration its own pair of workers, torch.distributed beside them -----
+def test_knob_sweep_runs_each_configuration_against_torch_distributed(tmp_path):
+    doc = _script_json(tmp_path, "knobs.py", "--quick", "--part", "dtype")[1]
+    assert set(doc["parts"]) == {"dtype"}
+    dtype = doc["parts"]["dtype"]
+    assert set(dtype["variants"]) == {"d_fp32", "d_fp16", "torch", "torch_fp16"}
+    for name, variant in dtype["variants"].items():
+        assert set(variant["sizes"]) == {f"{s:g}" for s in dtype["sizes_mb"]}, name
+        for size, row in variant["sizes"].items():
+            assert math.isfinite(row["median_ms"]) and row["median_ms"] > 0, (name, size)
+            assert row["verified_iterations"] > 0 and row["ratio"] > 0, (name, size)  # every result was checked
+        assert variant["seen"]["torch_threads"] == 1, name
+    assert all(row["ratio"] == 1.0 for row in dtype["variants"]["torch"]["sizes"].values())
+    assert dtype["variants"]["d_fp16"]["spec"]["dtype"] == "float16"
+
+
+# ---- benchmarks/step.py tf-apply and latency: contenders interleaved step by step in the same workers -------------
 def test_tf_apply_overhead_runs_every_contender_to_raw_horovods_parameters(tmp_path):
-    rows = _script_json(tmp_path, "tf_apply_overhead.py", "--steps", "2", "--warmup", "1")[1]["rows"]
+    rows = _script_json(tmp_path, "step.py", "tf-apply", "--steps", "2", "--warmup", "1")[1]["rows"]
     assert set(rows) == {"raw", "api", "api_sums", "api_before", "fit_step", "fit_3graphs"}
     assert rows["raw"]["step_over_raw"] == 1.0
     for name, row in rows.items():
@@ -178,7 +211,7 @@ def test_tf_apply_overhead_runs_every_contender_to_raw_horovods_parameters(tmp_p
 
 
 def test_step_latency_times_every_contender_and_they_end_alike(tmp_path):
-    jobs = _script_json(tmp_path, "step_latency.py", "--steps", "3", "--warmup", "1")[1]["jobs"]
+    jobs = _script_json(tmp_path, "step.py", "latency", "--steps", "3", "--warmup", "1")[1]["jobs"]
     horovod, plain = jobs["horovod, cycle 1 ms"], jobs["plain processes (no Horovod)"]
     assert horovod["params_equal"] is True  # hooks, grouped, fit's step and DDP: the same parameters after the steps
     for name in ("local", "hooks", "grouped", "grouped_spin", "fit_step", "ddp"):

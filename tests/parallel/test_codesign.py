@@ -46,7 +46,7 @@ def test_counted_bytes_equal_the_formula_and_are_50x_below_dense(checks):
             assert counted["dense"] == run["formula"]["dense"], codec
             assert counted["dense"] / counted["allgather"] >= 50, codec
         # what the formula stands for: a few hundred distinct rows of a 100k x 16 table per step
-        assert all(100 <= rows <= 300 for rows in r["none"]["distinct_rows"])
+        assert all(100 <= rows <= 300 for rows in r["none"]["distinct_rows"]), r["none"]["distinct_rows"]
         assert r["none"]["formula"]["table_dense"] == 3 * sparse.dense_bytes(100_000, 16)
         assert r["none"]["modes"]["allgather"]["dtypes"] == ["float32", "int32"]
         assert r["fp16"]["modes"]["allgather"]["dtypes"] == ["float16", "int32"]
@@ -57,7 +57,10 @@ def test_parameters_identical_across_ranks(checks):
         for codec in ("none", "fp16", "topk"):
             for mode, run in r[codec]["modes"].items():
                 assert run["spread"] == 0.0, (codec, mode)
-        assert r["topk"]["modes"]["dense"]["bytes"] == r["topk"]["modes"]["dense"]["bytes"] > 0
+        # Top-k densifies the sparse gradient and then sends only its largest 1 %: fewer bytes than the dense
+        # float32 all-reduce, and not none (this compared the value with itself before).
+        topk, dense = r["topk"]["modes"]["dense"]["bytes"], r["none"]["modes"]["dense"]["bytes"]
+        assert 0 < topk < dense, (topk, dense)
 
 
 def test_tensorflow_hands_over_indexed_slices(checks):

@@ -41,7 +41,7 @@ def test_every_step_of_both_epochs_is_trained_once(lost_worker):
 def test_the_committed_state_holds_every_optimizer_variable_once(lost_worker):
     # The gradient sums, the pass counter and the wrapped optimizer's variables (momentum): each listed exactly once
     # (an earlier version looked for a stale attribute name and listed the pass counter twice).
-    assert lost_worker["optimizer_variables_once"] == [1] * len(lost_worker["optimizer_variables_once"])
+    assert lost_worker["times_listed"] == [1] * len(lost_worker["times_listed"])
     # 4 gradient sums (2 Dense layers), the pass counter, SGD's iterations, learning rate and 4 momentum slots.
-    assert len(lost_worker["optimizer_variables_once"]) == 4 + 1 + 2 + 4
-    assert lost_worker["unique"]
+    assert len(lost_worker["times_listed"]) == 4 + 1 + 2 + 4
+    assert lost_worker["distinct_listed"] == lost_worker["listed"]   # and nothing else listed twice either

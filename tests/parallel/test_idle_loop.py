@@ -39,9 +39,9 @@ def _idle_worker():
     for i in range(50):
         hvd.allreduce_(t, name=f"idle.chain.{i}")
     chain_per_op = (time.perf_counter() - wall0) / 50
-    ok = bool((t == 1.0).all())                      # averages of ones stay ones
+    off_one = float((t - 1.0).abs().max())           # averages of ones stay ones
     hvd.shutdown()
-    return {"idle_share": idle_share, "late_wait_s": late_wait, "chain_per_op_s": chain_per_op, "ok": ok}
+    return {"idle_share": idle_share, "late_wait_s": late_wait, "chain_per_op_s": chain_per_op, "off_one": off_one}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_an_idle_worker_uses_a_small_share_of_a_core(idle):
 
 def test_ops_still_complete_when_a_rank_submits_late(idle):
     for results in idle:
-        assert [r["ok"] for r in results] == [True, True]
+        assert [r["off_one"] for r in results] == [0.0, 0.0]   # the largest |result - 1| on each rank
         assert results[0]["late_wait_s"] > 0.3       # rank 0 really waited for rank 1 ...
         assert results[1]["late_wait_s"] < 0.3       # ... which found rank 0 there
     patched, upstream = idle

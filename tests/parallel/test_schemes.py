@@ -83,8 +83,8 @@ def test_gossip_consensus_distance_shrinks_and_accuracy_is_within_two_points(che
         records = runs[name]["consensus"]
         assert len(records) == -(-runs[name]["steps"] // period)       # one mixing every `period` steps
         later = records[1:]
-        assert all(after < before for _, before, after in later)      # every mixing pulls the ranks together
-        assert all(after < 1e-6 for _, _, after in later)             # with W = 2 it is an exact average
+        assert [r for r in later if not r[2] < r[1]] == []            # every mixing pulls the ranks together
+        assert [r for r in later if not r[2] < 1e-6] == []            # with W = 2 it is an exact average
         assert max(before for _, before, _ in later) > 1e-4          # the local steps had pulled them apart
         assert abs(runs[name]["accuracy"] - runs["allreduce"]["accuracy"]) <= 0.02, name
     assert runs["gossip_h4"]["traffic"]["rounds"] * 4 >= runs["gossip"]["traffic"]["rounds"]
@@ -93,7 +93,7 @@ def test_gossip_consensus_distance_shrinks_and_accuracy_is_within_two_points(che
 
 def test_every_measured_pattern_returns_the_right_result(checks):
     for r in checks:
-        assert r["measured"] == {p: True for p in ("ring", "sharded_ps", "ps", "gossip")}
+        assert r["measured_wrong"] == {p: 0 for p in ("ring", "sharded_ps", "ps", "gossip")}
 
 
 def test_the_sharded_push_of_64_mib_is_exact_every_time(checks):

@@ -103,7 +103,8 @@ def test_fit_trains_a_model_with_a_variable_the_loss_never_touches(ranks):
     for r in ranks:
         u = r["unused_variable"]
         assert u["steps"] == 4 and u["spread"] == 0.0, u          # 64 samples, 2 ranks x 8: 4 steps, ranks alike
-        assert u["unused_kept"] == [True, True] and all(u["used_moved"]) and len(u["used_moved"]) == 4, u
+        assert u["unused_change"] == [0.0, 0.0], u                  # the unused head's kernel and bias stayed
+        assert len(u["used_change"]) == 4 and [c for c in u["used_change"] if not c > 0] == [], u   # the rest moved
 
 
 def test_uneven_data_every_rank_runs_the_same_steps_and_matches_one_process(ranks):
@@ -118,7 +119,8 @@ def test_uneven_data_every_rank_runs_the_same_steps_and_matches_one_process(rank
 def test_apply_gradients_in_tf_function_updates_every_kth_call_and_matches_one_process(ranks):
     for r in ranks:
         got = r["apply_gradients"]
-        assert got["flags"] == [False, False, False, True] * 4  # accumulate=4, 64 samples / 16 per step
+        # The wrapped optimizer's iterations after each call: accumulate=4, 64 samples / 16 per step.
+        assert got["updates"] == [0] + [call // 4 for call in range(1, 17)]
         assert got["wire"]["tensors"] == 4 * got["grad_tensors"]  # counted at run time, not once at trace time
         assert got["traces"] == 1
     assert ranks[0]["apply_gradients"]["max_diff"] < TOL and ranks[0]["apply_gradients"]["moved"] > 1e-2
@@ -153,7 +155,8 @@ def test_parameters_are_equal_across_ranks_after_training(ranks):
 def test_broadcast_gives_every_rank_rank0s_model_and_optimizer_state_even_lazily_built(ranks):
     for r in ranks:
         b = r["broadcast"]
-        assert b["before"] > 1.0 and b["after"] == 0.0 and b["equals_root"]
+        assert b["before"] > 1.0 and b["after"] == 0.0
+        np.testing.assert_allclose(b["fingerprint"], b["root"], rtol=1e-5, atol=1e-8)   # np.allclose's tolerance
         # Adam over 4 variables: iterations, learning rate, 2 moments each = 10 variables, created by the broadcast.
         assert b["lazy_built"] and b["lazy_slots"] == 10 and b["lazy_after"] == 0.0
 
@@ -169,7 +172,7 @@ def test_sync_batch_norm_statistics_equal_those_of_the_concatenated_batch(ranks)
 
 def test_tf_data_loader_yields_the_plans_micro_batches(ranks):
     for r in ranks:
-        assert r["loader"]["same"] and r["loader"]["steps"] == 7
+        assert r["loader"]["x_diff"] == 0.0 and r["loader"]["y_diff"] == 0.0 and r["loader"]["steps"] == 7
         assert r["loader"]["global_counts"] == [16] * 6 + [5]
     assert sum(ranks[0]["loader"]["sizes"]) + sum(ranks[1]["loader"]["sizes"]) == 101
     assert len(ranks[0]["loader"]["sizes"]) == len(ranks[1]["loader"]["sizes"]) == 7 * 3
@@ -189,7 +192,7 @@ def test_keras_fit_on_2_workers_equals_plain_keras_on_1_with_twice_the_batch(ran
 def test_keras_fit_at_accumulate_1_takes_the_fast_path_and_matches_the_accumulating_one(ranks):
     for r in ranks:
         even, acc = r["keras_even"], r["keras_accumulate"]
-        assert even["direct"] and not even["sums_written"] and even["passes"] == 0  # no sum variable touched
+        assert even["direct"] and even["sums_abs_max"] == 0.0 and even["passes"] == 0  # no sum variable touched
         assert not acc["direct"] and acc["passes"] == acc["batches"]
         assert even["wire"]["tensors"] == even["steps"] * even["grad_tensors"]  # one grouped all-reduce per step
     # The same global batches: 2 ranks x 1 batch of 8 straight to the all-reduce (no sums) vs 2 ranks x 4 micro-
@@ -249,7 +252,7 @@ def test_warmup_reaches_the_target_lr_at_the_stated_epoch(root):
     lrs = root["keras_warmup"]["lrs"]  # at each batch: 6 per epoch, 3 epochs, warm-up over 2, target 0.5
     assert len(lrs) == 18
     assert lrs[0] == pytest.approx(tensorflow_workers.LR / 2)  # the one-worker rate (target / world size)
-    assert all(a < b for a, b in zip(lrs[:12], lrs[1:12]))  # rising through epochs 0 and 1
+    assert [(i, a, b) for i, (a, b) in enumerate(zip(lrs[:12], lrs[1:12])) if not a < b] == []  # rising in epochs 0, 1
     assert lrs[11] < tensorflow_workers.LR
     assert lrs[12:] == pytest.approx([tensorflow_workers.LR] * 6)  # from epoch 2 on: the target
     assert root["keras_warmup"]["history"]["learning_rate"][1:] == pytest.approx([tensorflow_workers.LR] * 2)

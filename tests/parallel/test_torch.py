@@ -31,7 +31,8 @@ def checks():
 def test_two_workers_match_one_process_with_twice_the_batch(checks):
     r = checks[0]
     assert r["size"] == 2
-    assert r["same_samples"] and r["samples_read_twice"] == 0
+    assert r["samples_read"] == r["reference_samples"]   # both ranks together read the sequential run's samples
+    assert r["samples_read_twice"] == 0
     assert r["param_change"] > 1e-2                # training moved the parameters ...
     assert r["equivalence_max_diff"] < 1e-5        # ... and the parallel run moved them exactly like the sequential one
 
@@ -63,7 +64,8 @@ def test_horovods_float16_sum_is_the_float32_sum_rounded_once(checks):
 
 def test_waiting_for_an_allreduce_does_not_spin(checks):
     # Rank 0 waited ~0.5 s for a late rank 1 in hvd.synchronize; the waiting thread slept (patch 0005) instead of
-    # spinning on yield, which took a core from Horovod's and Gloo's threads (benchmarks/README.md, all-reduce gap).
+    # spinning on yield, which took a core from Horovod's and Gloo's threads (docs/measurements/allreduce.md, "Where the
+    # time goes").
     r = checks[0]
     assert r["wait_wall_s"] > 0.3
     assert r["wait_thread_cpu_s"] < 0.1 * r["wait_wall_s"], r
@@ -85,7 +87,7 @@ def test_sync_batch_norm_uses_the_statistics_of_the_whole_batch(checks):
 
 def test_after_build_ranks_share_the_model_but_not_the_random_draws(checks):
     assert checks[0]["built_model_spread"] == 0.0
-    assert checks[0]["draws_differ_after_build"]   # dropout masks and noise differ between ranks
+    assert checks[0]["draw_difference_after_build"] > 0   # dropout masks and noise differ between ranks
 
 
 def test_parameters_identical_across_ranks(checks):
@@ -153,7 +155,7 @@ def test_plain_horovodrun_script_trains_and_gets_the_fusion_threshold_it_records
     assert "params equal across ranks: True" in line
     knobs = [json.loads(ln.split("KNOBS", 1)[1]) for ln in proc.stdout.splitlines() if "KNOBS" in ln]
     assert sorted(k["rank"] for k in knobs) == [0, 1]
-    assert all(k["fusion"] == str(8 * 1024 * 1024) for k in knobs)     # 8 MiB inside both workers
+    assert [k["fusion"] for k in knobs] == [str(8 * 1024 * 1024)] * 2   # 8 MiB inside both workers
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")

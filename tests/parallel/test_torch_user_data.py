@@ -22,7 +22,7 @@ def checks():
 def test_dataloader_with_plan_sampler_reads_every_sample_exactly_once_per_epoch(checks):
     r = checks[0]
     assert r["reads_per_epoch"] == [[1] * 301, [1] * 301]   # counted over both ranks, DataLoader num_workers=2
-    assert r["micro_in_order"]                            # each step's micro-batches came out in plan order
+    assert r["steps_out_of_plan_order_each_rank"] == [0, 0]   # each step's micro-batches came out in plan order
     assert r["steps_per_epoch_each_rank"] == [10, 10]     # the same number of steps on both ranks
     assert r["last_step_scale"] == pytest.approx(2 / 13)  # short last step: 13 samples, average over 2 ranks
 
@@ -38,7 +38,8 @@ def test_a_state_taken_mid_epoch_continues_with_exactly_the_unread_samples(check
     r = checks[0]
     assert r["state"] == {"epoch": 3, "consumed": 4 * 32}
     assert r["same_world_reads"] == [1] * 301
-    assert r["resized_reads"] == [1] * 301 and r["resized_plan_unread"]   # also in a world of 3
+    assert r["resized_reads"] == [1] * 301                                 # also in a world of 3,
+    assert r["read_after_resize"] == r["unread_at_state"]                  # which read just what was left
 
 
 def test_fit_trains_a_user_cnn_with_label_smoothing_on_a_user_dataset(checks):
