@@ -21,11 +21,14 @@ test: install
 lab: install
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Each run is kept as benchmarks/results/<suite>/<date>[-<part>]-make-bench.{txt,json,md} and listed in the index,
+# benchmarks/results/README.md, which each runner regenerates (benchmarks/README.md: the suites, what they measure).
 bench: install
-	$(PY) benchmarks/allreduce.py
-	$(PY) benchmarks/compression.py
-	$(PY) benchmarks/training.py --json benchmarks/results/training.json --md benchmarks/results/training.md
-	$(PY) benchmarks/idle_loop.py --json benchmarks/results/idle_loop.json
+	$(PY) benchmarks/allreduce.py --record make-bench
+	$(PY) benchmarks/compression.py --record make-bench
+	$(PY) benchmarks/training.py --record make-bench
+	$(PY) benchmarks/knobs.py --record make-bench idle-loop
+	$(PY) benchmarks/index.py --check
 
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"

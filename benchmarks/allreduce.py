@@ -6,20 +6,21 @@
     python benchmarks/allreduce.py --quick              # tiny sizes, 2 iterations: checks every path in ~1 minute
     python benchmarks/allreduce.py --set cycle_time_ms=2 --set fusion_threshold_mb=128   # hvdsync, other knobs
     python benchmarks/allreduce.py --horovod-build DIR  # add (b2): (b) on another Horovod build (e.g. before a patch)
-    make bench                                          # the first line
+    python benchmarks/allreduce.py --record quiet       # keep it: benchmarks/results/allreduce/<date>-quiet.{txt,json}
+    make bench                                          # the first line, recorded
 
 The variants, each started as its own pair of worker processes, alternated round by round:
 
   (a) Horovod's defaults: ``hvd.allreduce`` (out of place), Horovod's built-in knobs (128 MiB fusion buffer, 1 ms
       cycle, response cache of 1024): what a ``horovodrun`` script gets. The worker unsets ``HOROVOD_CYCLE_TIME``
       and ``HOROVOD_CACHE_CAPACITY`` before ``hvd.init()``: an unpatched ``horovod.runner.run`` sets both to
-      ``(None,)``, which Horovod reads as 0 (README, "The launcher dropped two knobs").
+      ``(None,)``, which Horovod reads as 0 (docs/measurements/allreduce.md, "The launcher dropped two knobs").
   (b) hvdsync: workers from :func:`hvdsync.launch.local.run` with ``SyncConfig()`` (plus ``--set`` changes),
       :func:`hvdsync.torch.runtime.init`, and the in-place ``allreduce_async_`` + ``synchronize`` that
       ``hvd.DistributedOptimizer`` uses. Exactly what hvdsync's workers get; the run warns if the workers' knobs
       differ from the config's.
   (b') with ``--sleep-wait``: as (b), but waiting with ``hvd.poll`` + ``time.sleep(50 us)`` instead of Horovod's
-      ``synchronize``, whose C++ loop spins on ``sched_yield`` (README, "Where the time goes").
+      ``synchronize``, whose C++ loop spins on ``sched_yield`` (docs/measurements/allreduce.md, "Where the time goes").
   (c) torch.distributed: ``dist.all_reduce`` on a Gloo process group (subprocesses, 127.0.0.1, a free port, lo).
 
 All use one intra-op thread per process (what hvdsync sets on 2 cores and ``torchrun`` sets by default). Every
@@ -34,10 +35,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness  # noqa: E402  (this folder is not a package)
-import report  # noqa: E402
+from hvdlab.bench import harness, report, suite
 
 # Horovod's own defaults for (a), whether or not horovod.runner.run is the patched one (see the docstring).
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
@@ -84,7 +82,7 @@ def parse_set(items: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=suite.RECORD_HELP)
     p.add_argument("--sizes", default="1,16,64", help="tensor sizes in MiB, comma-separated (default 1,16,64)")
     p.add_argument("--iters", type=int, default=30, help="timed iterations per size and variant (default 30)")
     p.add_argument("--rounds", type=int, default=3, help="rounds the iterations are spread over (default 3)")
@@ -169,4 +167,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(suite.run(__file__, {"allreduce": suite.Part(main, suite.first_line(__doc__))}, doc=__doc__))

@@ -5,7 +5,12 @@ for two models and both frameworks, in one run.
     python benchmarks/compression.py --frameworks torch --models mlp
     python benchmarks/compression.py --json compression.json
     python benchmarks/compression.py --quick               # small models, 1 epoch: every codec's path in minutes
-    make bench                                             # allreduce.py, then this
+    python benchmarks/compression.py seeds                 # accuracy against none over seeds: what is chance
+    python benchmarks/compression.py --record quiet        # keep it: results/compression/<date>-codecs-quiet.*
+    make bench                                             # allreduce.py, then this (recorded)
+
+Two parts: ``codecs`` (the default, below) and ``seeds`` (:mod:`hvdlab.bench.codec_seeds`: each codec's final
+accuracy against ``none`` from the same seeds, over several seeds); ``PART --help`` gives a part's options.
 
 Per framework, one job of 2 Horovod workers (Gloo over loopback) trains each model, from the same start, on the same
 samples, for the same number of steps, once per codec (:func:`hvdsync.launch.local.train_many`). Per run it prints:
@@ -37,6 +42,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from hvdlab.bench import codec_seeds, suite
 
 CODECS = ["none", "fp16", "bf16", "topk:0.01", "randk:0.01", "int8", "powersgd:2"]
 
@@ -111,7 +118,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="compression.py codecs", description=__doc__.split("\n")[0],
+                                epilog=suite.RECORD_HELP)
     p.add_argument("--frameworks", default="torch,tensorflow", help="comma-separated: torch, tensorflow")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated: {', '.join(MODELS)}")
     p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated sync.compression values")
@@ -152,5 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+SUITE_PARTS = {"codecs": suite.Part(main, "every codec on 2 workers: bytes per step (counted = formula), step time, "
+                                         "accuracy, ratios to none"),
+               "seeds": suite.Part(codec_seeds.main, suite.first_line(codec_seeds.__doc__))}
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(suite.run(__file__, SUITE_PARTS, default="codecs", doc=__doc__))

@@ -4,6 +4,7 @@
     python benchmarks/costmodel.py --np 4             # 4 workers: the single server's bottleneck shows
     python benchmarks/costmodel.py --quick            # 1 and 4 MiB, 3 rounds: every path in ~40 s
     python benchmarks/costmodel.py --json costmodel.json
+    python benchmarks/costmodel.py --record quiet     # keep it: benchmarks/results/costmodel/<date>-quiet.{txt,json}
 
 1. This machine, measured (:mod:`hvdlab.hardware`): cores, memory, one core's copy and add throughput (the add
    throughput is the model's gamma), loopback TCP latency and bandwidth.
@@ -14,8 +15,8 @@
    reducescatter. One warm-up round, then rounds that visit every size and pattern in turn; every
    result checked; the median per size and pattern (each timing is the slowest rank's).
 3. The link fitted to the ring medians (:func:`hvdlab.costmodel.fit_link`): the per-call cost and the fresh
-   memory cost measured apart (step 2) and gamma from step 1 are subtracted, alpha and beta fitted. Then predicted / measured
-   per size and pattern with :func:`~hvdlab.costmodel.horovod_time` (the calls and the algorithms Horovod
+   memory cost measured apart (step 2) and gamma from step 1 are subtracted, alpha and beta fitted. Then predicted /
+   measured per size and pattern with :func:`~hvdlab.costmodel.horovod_time` (the calls and the algorithms Horovod
    runs on Gloo); the textbook schedules (:func:`~hvdlab.costmodel.predict`, fitted without the call term)
    for comparison. The target: every ratio within 1/1.5 .. 1.5.
 4. Bytes through rank 0 per pattern (as Gloo runs it), and the model with vendors' fabric figures
@@ -35,12 +36,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hvdsync import launch  # noqa: E402
-from hvdsync.config import SyncConfig  # noqa: E402
-from hvdlab import costmodel, hardware  # noqa: E402
-from hvdlab.torch.measure import PATTERNS, PIECES, collective_times  # noqa: E402
+from hvdlab import costmodel, hardware
+from hvdlab.bench import suite
+from hvdlab.torch.measure import PATTERNS, PIECES, collective_times
+from hvdsync import launch
+from hvdsync.config import SyncConfig
 
 MiB = 2**20
 # ResNet-50's 25.6 M float32 parameters: the usual yardstick for data-parallel all-reduce.
@@ -77,7 +77,8 @@ def run(sizes_mib: list[float], repeats: int, np: int = 2) -> dict:
     fabrics = {n: costmodel.fabric_table(MODEL_BYTES, n) for n in (8, 64)}
     return {"machine": facts, "np": np, "sizes": sizes, "repeats": repeats, "medians": medians, "ratios": ratios,
             "textbook_ratios": textbook_ratios, "wrong": wrong, "rank0_bytes": rank0,
-            "fit": {"call": call, "mu": {str(s): m for s, m in mu.items()}, "alpha": link.alpha, "beta": link.beta, "gamma": link.gamma},
+            "fit": {"call": call, "mu": {str(s): m for s, m in mu.items()}, "alpha": link.alpha, "beta": link.beta,
+                    "gamma": link.gamma},
             "fit_textbook": {"alpha": textbook.alpha, "beta": textbook.beta},
             "fabrics": fabrics, "model_bytes": MODEL_BYTES}
 
@@ -137,7 +138,7 @@ def show(doc: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=suite.RECORD_HELP)
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64", help="MiB, comma-separated")
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds after the warm-up")
     parser.add_argument("--np", type=int, default=2, help="local workers")
@@ -154,4 +155,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(suite.run(__file__, {"costmodel": suite.Part(main, suite.first_line(__doc__))}, doc=__doc__))

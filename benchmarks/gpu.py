@@ -1,9 +1,13 @@
-"""One GPU, one process: hvdsync's training step against plain torch, and Horovod's all-reduce on GPU tensors.
+"""On a GPU machine: hvdsync's training step against plain torch, Horovod's all-reduce on GPU tensors, the links.
 
-Run by ``benchmarks/gpu.sh`` (after it builds Horovod with NCCL) as ``horovodrun -np 1 python benchmarks/gpu_bench.py``;
-it also runs as a plain ``python`` process (Horovod then starts a 1-rank job by itself).
+    bash benchmarks/gpu.sh                       # build Horovod with NCCL, check it, then the bench part, recorded
+    python benchmarks/gpu.py --device cpu --quick   # the bench part's self-test on a CPU, in seconds
+    python benchmarks/gpu.py links --json gpu.json  # PCIe, HBM and (2+ GPUs) NCCL figures for the cost model
 
-Two questions, answered in one run and written as JSON (``--json``):
+Two parts: ``bench`` (the default, below) and ``links`` (:mod:`hvdlab.bench.gpu_links`); ``PART --help`` gives a
+part's options. ``bench`` is run by ``benchmarks/gpu.sh`` (after it builds Horovod with NCCL) as
+``horovodrun -np 1 python benchmarks/gpu.py bench``; it also runs as a plain ``python`` process (Horovod then starts a
+1-rank job by itself). One GPU, one process, two questions, answered in one run and written as JSON (``--json``):
 
 - **Throughput**: a ResNet-style CNN (basic residual blocks, batch norm) on synthetic images already on the GPU, the
   same model start, batch, optimizer and step count for every contender: (a) plain torch, (b) a raw Horovod loop
@@ -32,9 +36,13 @@ import time
 import torch
 from torch import nn
 
+from hvdlab.bench import gpu_links, suite
+
 
 def _args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="gpu.py bench", epilog=suite.RECORD_HELP,
+                                description="One GPU, one process: hvdsync's training step against plain torch, and "
+                                            "Horovod's all-reduce on GPU tensors.")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--image", type=int, default=224, help="image side in pixels")
@@ -268,6 +276,10 @@ def main(argv=None) -> int:
     return 1 if wrong else 0
 
 
+SUITE_PARTS = {"bench": suite.Part(main, "one GPU: plain torch vs raw Horovod vs hvdsync (img/s, ratio to torch, "
+                                        "parameters checked), Horovod all-reduce 1-256 MiB"),
+               "links": suite.Part(gpu_links.main, suite.first_line(gpu_links.__doc__))}
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    sys.exit(suite.run(__file__, SUITE_PARTS, default="bench", doc=__doc__))

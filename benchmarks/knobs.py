@@ -1,16 +1,24 @@
-"""Sweep Horovod's knobs on 2 local Gloo workers, against torch.distributed measured in the same run.
+"""Horovod's knobs and what its runtime costs besides the collective: the knob sweep, the idle loop, the launch.
 
-    python benchmarks/knobs.py                    # all 3 parts, 15 timed iterations per size in 3 rounds (~35 min)
+    python benchmarks/knobs.py                    # the sweep: single, multi, step; 15 timed iterations per size in 3
+                                                  # rounds (~35 min)
     python benchmarks/knobs.py --part single      # one tensor per allreduce: cycle time, cache, wait, copies
     python benchmarks/knobs.py --part multi       # 256 tensors per step (like a model's gradients): fusion, cycle
     python benchmarks/knobs.py --part step        # matmuls then 64 allreduces, timed as a whole: cycle, wait
     python benchmarks/knobs.py --part timeline    # Horovod's own timeline: negotiation, Gloo ring, copies
     python benchmarks/knobs.py --part dtype       # float16 against float32, the same elements (fp16 compression)
     python benchmarks/knobs.py --json knobs.json  # every figure as JSON
+    python benchmarks/knobs.py idle-loop          # Horovod's background loop while nothing is reduced (patch 0007)
+    python benchmarks/knobs.py launch             # what starting a job costs the launching process
+    python benchmarks/knobs.py --record quiet idle-loop   # keep it: results/knobs/<date>-idle-loop-quiet.{txt,json}
 
-Each configuration is its own pair of workers started by :func:`hvdsync.launch.local.run` (the knobs set in the worker
-just before ``hvd.init()``, so the launcher cannot drop them); torch.distributed runs in its own processes; all of
-them alternate round by round, in an order rotated every round. Besides time, each row shows:
+The suite's parts: ``sweep`` (the default, below; its own ``--part`` picks among its sweeps), ``idle-loop``
+(:mod:`hvdlab.bench.idle_loop`) and ``launch`` (:mod:`hvdlab.bench.launch_overhead`); ``python benchmarks/knobs.py
+PART --help`` gives a part's options.
+
+The sweep: each configuration is its own pair of workers started by :func:`hvdsync.launch.local.run` (the knobs set
+in the worker just before ``hvd.init()``, so the launcher cannot drop them); torch.distributed runs in its own
+processes; all of them alternate round by round, in an order rotated every round. Besides time, each row shows:
 
 * ``cpu ms``: CPU time both processes spent per allreduce (all threads). A waiting thread that spins, or a
   background loop that never sleeps, shows here: CPU the training's own compute does not get on a 2-core machine.
@@ -26,10 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness  # noqa: E402  (this folder is not a package)
-import report  # noqa: E402
+from hvdlab.bench import harness, idle_loop, launch_overhead, report, suite
 
 MB = harness.MB
 # Unset: Horovod's built-in defaults (1 ms cycle, cache 1024) even under an unpatched horovod.runner.run.
@@ -182,7 +187,8 @@ def run_part(part: str, args, tmp: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="knobs.py sweep", description="Sweep Horovod's knobs on 2 local Gloo workers, "
+                                "against torch.distributed measured in the same run.", epilog=suite.RECORD_HELP)
     p.add_argument("--part", choices=(*PARTS, "all"), default="all",
                    help="which sweep (default all: single, multi, step; timeline only when asked)")
     p.add_argument("--sizes", default="", help="MiB, comma-separated (default: single 0.004,1,16,64; multi 1,64; "
@@ -222,5 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+SUITE_PARTS = {"sweep": suite.Part(main, "Horovod's knobs swept on 2 local Gloo workers, torch.distributed in the "
+                                        "same run"),
+               "idle-loop": suite.Part(idle_loop.main, suite.first_line(idle_loop.__doc__)),
+               "launch": suite.Part(launch_overhead.main, suite.first_line(launch_overhead.__doc__))}
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(suite.run(__file__, SUITE_PARTS, default="sweep", doc=__doc__))

@@ -4,15 +4,17 @@
     python benchmarks/training.py --framework torch --model mlp --reps 3
     python benchmarks/training.py --json t.json --md t.md  # also write every figure (JSON) and the tables (markdown)
     python benchmarks/training.py --quick                  # tiny models, 1 repetition: every path in ~2-3 minutes
-    make bench                                             # allreduce.py, compression.py, then this
+    python benchmarks/training.py --record quiet           # keep it: benchmarks/results/training/<date>-quiet.*
+    make bench                                             # allreduce.py, compression.py, then this (recorded)
 
 Three questions, one table each, from one run:
 
-1. **Step time**: the same model, data, global batch, SGD and steps for every contender (:mod:`step_common`), after
-   warm-up: hvdsync (``fit``, and the plain adapter API) vs a hand-written raw Horovod loop vs
-   ``DistributedDataParallel`` (torch) / ``MultiWorkerMirroredStrategy`` (TensorFlow) vs one process on the whole
-   global batch. Each contender's final parameters are compared with the one-process run's after the same steps:
-   a contender that does not match is printed WRONG, gets no ratio, and the run exits with status 3.
+1. **Step time**: the same model, data, global batch, SGD and steps for every contender
+   (:mod:`hvdlab.bench.step_common`), after warm-up: hvdsync (``fit``, and the plain adapter API) vs a hand-written
+   raw Horovod loop vs ``DistributedDataParallel`` (torch) / ``MultiWorkerMirroredStrategy`` (TensorFlow) vs one
+   process on the whole global batch. Each contender's final parameters are compared with the one-process run's
+   after the same steps: a contender that does not match is printed WRONG, gets no ratio, and the run exits with
+   status 3.
 2. **Scaling**: one process with 1 and with 2 threads against 2 workers of 1 thread (the machine has 2 cores), the
    efficiency, and what :mod:`hvdlab.costmodel` predicts from this machine's measured loopback and memory.
 3. **Knobs against their off state** (MLP only, where communication dominates): fp16 on the wire, accumulation
@@ -35,12 +37,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import report  # noqa: E402  (this folder is not a package)
-from harness import UPSTREAM_LOOP  # noqa: E402
-from step_common import WRONG_ENV, Spec, Work  # noqa: E402
+from hvdlab.bench import report, suite
+from hvdlab.bench.harness import UPSTREAM_LOOP
+from hvdlab.bench.step_common import WRONG_ENV, Spec, Work, works
 
 # Parameters after the same steps, relative to how far the 1-process run moved them: float rounding of a
 # different summation order stays far below this; a skipped or doubled all-reduce is of order 1.
@@ -59,17 +58,6 @@ class Contender:
     versus: str = ""
     env: dict | None = None
     tolerance: float = TOLERANCE
-
-
-def works(quick: bool) -> dict[str, Work]:
-    if quick:
-        return {"mlp": Work("mlp", features=64, hidden=128, global_batch=16, warmup=1, steps=2),
-                "cnn": Work("cnn", hidden=8, image=8, global_batch=16, warmup=1, steps=2)}
-    # MLP: 1024-4096-4096-10 = 21.0 M parameters (84 MB of float32 gradient per step) against ~8 GFLOP per global
-    # batch of 64: the all-reduce weighs as much as the compute. CNN: hvdsync's ResNet-style CNN of width 16 (10 k
-    # parameters) on 16x16x3 images: compute-bound, Horovod's per-step latency shows.
-    return {"mlp": Work("mlp", features=1024, hidden=4096, global_batch=64, warmup=2, steps=5),
-            "cnn": Work("cnn", hidden=16, image=16, global_batch=128, warmup=2, steps=8)}
 
 
 def contenders(framework: str, work: Work, knobs: bool) -> list[Contender]:
@@ -112,13 +100,7 @@ def contenders(framework: str, work: Work, knobs: bool) -> list[Contender]:
 def _module(framework: str):
     import importlib
 
-    return importlib.import_module("step_torch" if framework == "torch" else "step_tf")
-
-
-def _worker_env(extra: dict | None) -> dict:
-    # The workers import step_* by name: put this folder on their path.
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, **(extra or {})}
+    return importlib.import_module("hvdlab.bench.step_torch" if framework == "torch" else "hvdlab.bench.step_tf")
 
 
 def run_horovod(con: Contender, env: dict) -> list[dict]:
@@ -129,19 +111,18 @@ def run_horovod(con: Contender, env: dict) -> list[dict]:
     sync = SyncConfig(**con.spec.sync) if con.spec.sync is not None else None
     with tempfile.TemporaryDirectory(prefix="hvdsync-bench-") as logs:
         return run(mod.horovod_worker, args=(con.spec.to_dict(),), np=con.spec.world, sync=sync,
-                   env=_worker_env({**(con.env or {}), **env}), progress=False, log_dir=logs)
+                   env={**(con.env or {}), **env}, progress=False, log_dir=logs)
 
 
 def run_plain(con: Contender, env: dict, timeout: float = 1800) -> list[dict]:
-    from harness import _free_port, run_processes
+    from hvdlab.bench.harness import _free_port, run_processes
 
     port = _free_port()
     if con.spec.kind == "mwms":  # TF_CONFIG needs one address per worker: two consecutive ports, the second checked
         while not _port_free(port + 1):
             port = _free_port()
     with tempfile.TemporaryDirectory(prefix="hvdsync-bench-") as tmp:
-        child_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TF_CPP_MIN_LOG_LEVEL": "2", **_worker_env(None),
-                     **(con.env or {}), **env}
+        child_env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TF_CPP_MIN_LOG_LEVEL": "2", **(con.env or {}), **env}
         outs = [Path(tmp) / f"rank{rank}.pkl" for rank in range(con.spec.world)]
         jobs = [json.dumps({"spec": con.spec.to_dict(), "rank": rank, "world": con.spec.world, "port": port})
                 for rank in range(con.spec.world)]
@@ -269,9 +250,9 @@ def measure_link(quick: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import train_tables
+    from hvdlab.bench import train_tables
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=suite.RECORD_HELP)
     p.add_argument("--framework", choices=("torch", "tensorflow", "all"), default="all")
     p.add_argument("--model", choices=("mlp", "cnn", "all"), default="all")
     p.add_argument("--reps", type=int, default=2, help="repetitions, each starting every contender once")
@@ -353,4 +334,5 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "worker":
         _worker(sys.argv[2], sys.argv[3])
     else:
-        sys.exit(main())
+        sys.exit(suite.run(__file__, {"training": suite.Part(main, suite.first_line(__doc__), ("json", "md"))},
+                           doc=__doc__))

@@ -182,7 +182,7 @@ assert mom_runs[1]["test_accuracy"] > mom_runs[2]["test_accuracy"], "momentum co
 
 # %% [markdown]
 # One run's final accuracy on digits moves by a point or more from seed to seed, so a single run cannot tell
-# "within 1 point" from chance: `python benchmarks/codec_seeds.py` runs `none`, corrected and uncorrected top-k
+# "within 1 point" from chance: `python benchmarks/compression.py seeds` runs `none`, corrected and uncorrected top-k
 # from 3 seeds in both frameworks (README, "Gradient compression").
 
 # %% [markdown]

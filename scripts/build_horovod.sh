@@ -138,7 +138,7 @@ patches=("$patch_dir"/*.patch)
 # GCC >= 13's standard headers no longer include <string>, <stdexcept> and <cstdint> from one another, and 0.28.1
 # relies on that ("'string' in namespace 'std' does not name a type" in horovod/common/group_table.h, "'logic_error'
 # is not a member of 'std'" in common.h). Forcing the three headers into every C++ file is what built 0.28.1 with
-# GCC 13.3 (benchmarks/results/gpu-h200-2026-11-30.md); a patch adding the includes file by file could not be
+# GCC 13.3 (benchmarks/results/gpu/2026-11-30-bench-h200.md); a patch adding the includes file by file could not be
 # checked against GCC 13 where it was written. Only GCC >= 13 gets the flags, and only its key names them: a GCC 12
 # build (whose key holds its compiler version) keeps its key and its cached wheel.
 gcc13_includes=""

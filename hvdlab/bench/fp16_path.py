@@ -1,7 +1,7 @@
 """Where an fp16 all-reduce spends its time on CPU workers: the cast, Horovod's float16 reduction, hvdsync's hook.
 
-    python benchmarks/fp16_path.py                 # 2 workers, a 4.2 M-value gradient (the compression MLP's)
-    python benchmarks/fp16_path.py --numel 1000000 --reps 30
+    python benchmarks/step.py fp16-path            # 2 workers, a 4.2 M-value gradient (the compression MLP's)
+    python benchmarks/step.py fp16-path --numel 1000000 --reps 30
 
 ``benchmarks/compression.py`` found fp16 *slower* per step than float32 on 2 CPU workers over loopback, though it
 moves half the bytes. This splits one gradient's fp16 reduction into its parts, each timed on its own on the same
@@ -24,9 +24,10 @@ Every variant's result is compared with the float32 sum (to fp16 rounding): a fa
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
-import sys
 import time
+from pathlib import Path
 
 
 def _worker(numel: int, reps: int) -> dict:
@@ -72,9 +73,10 @@ def _worker(numel: int, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="step.py fp16-path", description=__doc__.split("\n")[0])
     p.add_argument("--numel", type=int, default=4_239_370, help="values in the gradient (default: the MLP's)")
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--json", metavar="PATH", help="also write the medians (ms) as JSON")
     args = p.parse_args(argv)
     from hvdsync import launch
 
@@ -85,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':<26} {'ms':>8} {'x float32 allreduce':>20}")
     for name, t in ms.items():
         print(f"{name:<26} {t:>8.1f} {t / base:>20.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"numel": args.numel, "reps": args.reps, "median_ms": ms}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

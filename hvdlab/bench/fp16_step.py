@@ -1,11 +1,11 @@
 """Where the fp16 training step's time goes against the fp32 one: phases, page faults, CPU, the all-reduce's share.
 
-    python benchmarks/fp16_step.py                       # the 21 M-parameter MLP of training.py, 2 workers, 20 steps
-    python benchmarks/fp16_step.py --steps 40 --md out.md
-    python benchmarks/fp16_step.py --quick               # a 64-128-128-10 MLP, 2 steps: every path in seconds
+    python benchmarks/step.py fp16                       # the 21 M-parameter MLP of training.py, 2 workers, 20 steps
+    python benchmarks/step.py fp16 --steps 40 --md out.md
+    python benchmarks/step.py fp16 --quick               # a 64-128-128-10 MLP, 2 steps: every path in seconds
 
 ``training.py --only api,fp16`` found the fp16 step no shorter than the fp32 one although an fp16 all-reduce alone
-takes half the time (``fp16_path.py``). This runs the contenders below in the *same* two workers, one step of each
+takes half the time (``step.py fp16-path``). This runs the contenders below in the *same* two workers, one step of each
 in turn (a barrier before each), so that machine noise lands on all alike, and splits every step into forward +
 backward, the wait for the all-reduces (``synchronize``) and the update, with the process's page faults and CPU time:
 
@@ -20,7 +20,7 @@ backward, the wait for the all-reduces (``synchronize``) and the update, with th
   (a condition variable); with that patch installed both rows of a pair wait alike;
 * ``compute only``: the same forward, backward and update on each worker's half of the batch, no Horovod;
 * ``all-reduce alone``: after each fp32/fp16 step, the same gradients all-reduced once more in one grouped call,
-  nothing overlapping it: the all-reduce's own time (``fp16_path.py`` splits it further).
+  nothing overlapping it: the all-reduce's own time (``step.py fp16-path`` splits it further).
 
 A step's time is the slowest rank's; the table gives medians over the timed steps. Every contender's parameters
 must end equal on both ranks (the run fails otherwise) and the fp16 ones close to the fp32 ones.
@@ -28,15 +28,12 @@ must end equal on both ranks (the run fails otherwise) and the fp16 ones close t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 CONTENDERS = ("fp32", "fp16", "fp16 allocating", "fp32 sleep", "fp16 sleep", "fp16 allocating sleep", "compute only")
 LABELS = {"fp16 allocating": "fp16, allocating hook (before)", "fp32 sleep": "fp32, sleeping wait",
@@ -81,8 +78,8 @@ def _worker(steps: int, warmup: int, quick: bool = False) -> dict:
     import torch.nn.functional as F
 
     import hvdsync.torch as hs
-    from step_common import Work, data, fingerprint
-    from step_torch import model
+    from hvdlab.bench.step_common import Work, data, fingerprint
+    from hvdlab.bench.step_torch import model
 
     hs.init()
     work = Work("mlp", warmup=warmup, steps=steps, **({"features": 64, "hidden": 128} if quick else {}))
@@ -166,10 +163,11 @@ def table(ranks: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="step.py fp16", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20, help="timed steps of each contender")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--md", metavar="PATH", help="also write the table as markdown")
+    p.add_argument("--json", metavar="PATH", help="also write each rank's medians per contender as JSON")
     p.add_argument("--quick", action="store_true", help="a tiny MLP, 2 steps after 1: exercises every path")
     args = p.parse_args(argv)
     if args.quick:
@@ -177,12 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     from hvdsync import launch
 
     load = os.getloadavg()
-    # The workers import step_common / step_torch by name: this folder goes on their path.
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    ranks = launch.run(_worker, args=(args.steps, args.warmup, args.quick), np=2, progress=False, env={"PYTHONPATH": path})
+    ranks = launch.run(_worker, args=(args.steps, args.warmup, args.quick), np=2, progress=False)
     fp32, fp16 = ranks[0]["fp32"], ranks[0]["fp16"]
     model = "64-128-128-10 (--quick)" if args.quick else "1024-4096-4096-10 (21.0 M parameters)"
-    lines = [f"`python benchmarks/fp16_step.py --steps {args.steps}`: torch MLP {model}, "
+    lines = [f"`python benchmarks/step.py fp16 --steps {args.steps}`: torch MLP {model}, "
              f"2 workers x 32 samples, {args.steps} timed steps per contender, interleaved; "
              f"{os.cpu_count()} CPUs, load average at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}", "",
              *table(ranks), "",
@@ -197,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.md:
         Path(args.md).write_text(text + "\n")
+    if args.json:  # the fingerprints are what the table checked; the figures are the rest
+        rows = [{n: {k: v for k, v in row.items() if k != "fingerprint"} for n, row in r.items()} for r in ranks]
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "quick": args.quick,
+                                               "load": [load[0], os.getloadavg()[0]], "ranks": rows}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The cost model's figures on a GPU machine: PCIe host<->device, HBM device<->device, and (with 2+ GPUs) NCCL.
 
-    python benchmarks/gpu_links.py              # needs torch with CUDA; prints GB/s and writes nothing
-    python benchmarks/gpu_links.py --json gpu.json
+    python benchmarks/gpu.py links              # needs torch with CUDA; prints GB/s and writes nothing
+    python benchmarks/gpu.py links --json gpu.json
 
 Per figure: 20 timed copies of 256 MiB after a warm-up, timed with CUDA events, median. Host buffers are pinned
 (page-locked), which is what DMA over PCIe needs to reach full speed. With two or more GPUs it also all-reduces
@@ -14,10 +14,7 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MiB = 2**20
 
@@ -87,7 +84,7 @@ def nccl_allreduce(sizes: list[int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="gpu.py links", description=__doc__.split("\n")[0])
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     try:
@@ -102,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     c = doc["copies"]
     print(f"{c['gpus']} x {c['device']}: PCIe host->device {c['h2d_bytes_per_s'] / 1e9:.1f} GB/s, device->host "
           f"{c['d2h_bytes_per_s'] / 1e9:.1f} GB/s (pinned, 256 MiB); device copy {c['d2d_bytes_per_s'] / 1e9:.0f} GB/s "
-          f"of buffer ({2 * c['d2d_bytes_per_s'] / 1e9:.0f} GB/s of HBM traffic); add {c['add_bytes_per_s'] / 1e9:.0f} GB/s")
+          f"of buffer ({2 * c['d2d_bytes_per_s'] / 1e9:.0f} GB/s of HBM traffic); "
+          f"add {c['add_bytes_per_s'] / 1e9:.0f} GB/s")
     if c["gpus"] >= 2:
         from hvdlab import costmodel  # here: hvdsync needs its own dependencies, a bare GPU box may lack them
 
@@ -111,14 +109,11 @@ def main(argv: list[str] | None = None) -> None:
         secs = [doc["nccl"]["seconds"][s] for s in sizes]
         link = costmodel.fit_link(sizes, secs, c["gpus"])
         ratios = costmodel.prediction_ratios(link, sizes, secs, c["gpus"])
-        print(f"NCCL all-reduce on {c['gpus']} GPUs: " + ", ".join(f"{s // MiB} MiB {t * 1e3:.2f} ms" for s, t in zip(sizes, secs)))
+        print(f"NCCL all-reduce on {c['gpus']} GPUs: "
+              + ", ".join(f"{s // MiB} MiB {t * 1e3:.2f} ms" for s, t in zip(sizes, secs)))
         print(f"fit: alpha {link.alpha * 1e6:.1f} us, bandwidth {link.bandwidth / 1e9:.0f} GB/s; model/measured "
               + ", ".join(f"{r:.2f}" for r in ratios))
     else:
         print("one GPU: no NCCL all-reduce to time (NCCL needs one GPU per rank)")
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,5 @@
-"""The measuring machinery shared by ``allreduce.py`` (the side-by-side table) and ``knobs.py`` (the knob sweep).
+"""The measuring machinery shared by ``benchmarks/allreduce.py`` (the side-by-side table) and ``benchmarks/knobs.py``
+(the knob sweep).
 
 A *variant* is one way of all-reducing a float32 tensor on 2 local processes: Horovod Gloo in workers started by
 :func:`hvdsync.launch.local.run` (with some knobs and some way of calling Horovod), or ``torch.distributed`` Gloo in
@@ -181,7 +182,7 @@ def idle_cpu(seconds: float) -> float | None:
     return (time.process_time() - c0) / seconds
 
 
-# ---- Horovod workers (started by hvdsync.launch.local.run) ---------------------------------------------------------------
+# ---- Horovod workers (started by hvdsync.launch.local.run) --------------------------------------------------------
 def _horovod_worker(spec: dict, sizes_mb, iters, warmup, op, idle_s=0.0) -> dict:
     """Runs in each Horovod worker: set the variant's environment, ``init``, measure, ``shutdown``."""
     import horovod.torch as hvd
@@ -243,13 +244,9 @@ def _without_tuning_vars():
 
 
 def _run_horovod(v: Variant, sizes_mb, iters, warmup, op, np, env, idle_s) -> list[dict]:
-    import cloudpickle
-
     from hvdsync.config import SyncConfig
     from hvdsync.launch.local import run
 
-    # The workers cannot import this file (it is not a package on their path): send its functions by value.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     sync = SyncConfig(**v.sync) if v.sync is not None else None
     # The workers' log only matters when they fail, and then WorkerError carries its tail.
     with _without_tuning_vars(), tempfile.TemporaryDirectory(prefix="hvdsync-bench-") as logs:
@@ -314,7 +311,7 @@ def _run_torch(v: Variant, sizes_mb, iters, warmup, op, np, env, idle_s, timeout
         outs = [Path(tmp) / f"rank{rank}.json" for rank in range(np)]
         jobs = [json.dumps({"rank": rank, "world": np, "port": port, "spec": asdict(v), "sizes_mb": sizes_mb,
                             "iters": iters, "warmup": warmup, "op": op, "idle_s": idle_s}) for rank in range(np)]
-        run_processes([[sys.executable, __file__, "torch-worker", job, str(out)] for job, out in zip(jobs, outs)],
+        run_processes([[sys.executable, "-m", __name__, "torch-worker", job, str(out)] for job, out in zip(jobs, outs)],
                       child_env, timeout, "torch.distributed")
         return [json.loads(o.read_text()) for o in outs]
 

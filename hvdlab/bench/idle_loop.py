@@ -1,9 +1,9 @@
 """What Horovod's background loop costs a model's compute while nothing is being reduced (patch 0007).
 
-    python benchmarks/idle_loop.py                      # 3 rounds of 8 s per contender (~3 min)
-    python benchmarks/idle_loop.py --rounds 5 --seconds 10 --json idle.json
+    python benchmarks/knobs.py idle-loop                # 3 rounds of 8 s per contender (~3 min)
+    python benchmarks/knobs.py idle-loop --rounds 5 --seconds 10 --json idle.json
 
-Two workers on this machine's cores each train the small CNN of ``training.py`` on their own, with **no**
+Two workers on this machine's cores each train the small CNN of ``benchmarks/training.py`` on their own, with **no**
 synchronisation at all, for a fixed time; only what else lives in the process differs:
 
 * ``plain``: plain processes, no Horovod;
@@ -28,10 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from harness import UPSTREAM_LOOP  # noqa: E402  (this folder is not a package)
+from hvdlab.bench.harness import UPSTREAM_LOOP
 
 CONTENDERS = {"plain": None, "horovod": {}, "upstream": UPSTREAM_LOOP}
 
@@ -48,8 +45,8 @@ def compute(seconds: float, horovod: bool) -> dict:
 
         hvd.init()
         hvd.allreduce_(torch.zeros(1), name="idle_loop.start")   # the loop has run, and is idle from here on
-    from step_common import Work, data
-    from step_torch import model
+    from hvdlab.bench.step_common import Work, data
+    from hvdlab.bench.step_torch import model
 
     work = Work("cnn", hidden=16, image=16, global_batch=128, warmup=0, steps=1)
     x, y = data(work)
@@ -79,24 +76,23 @@ def compute(seconds: float, horovod: bool) -> dict:
 
 
 def _run(name: str, seconds: float) -> list[dict]:
-    from harness import run_processes
+    from hvdlab.bench.harness import run_processes
 
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     if CONTENDERS[name] is None:
         with tempfile.TemporaryDirectory(prefix="hvdsync-idle-") as tmp:
             outs = [Path(tmp) / f"{r}.json" for r in range(2)]
-            run_processes([[sys.executable, __file__, "--worker", str(o), "--seconds", str(seconds)] for o in outs],
-                          {**os.environ, "PYTHONPATH": path}, 600, "plain")
+            run_processes([[sys.executable, "-m", __name__, "--worker", str(o), "--seconds", str(seconds)]
+                           for o in outs], dict(os.environ), 600, "plain")
             return [json.loads(o.read_text()) for o in outs]
     from hvdsync.config import SyncConfig
     from hvdsync.launch.local import run
 
     return run(compute, args=(seconds, True), np=2, sync=SyncConfig(), progress=False, timeout=600,
-               env={"PYTHONPATH": path, "HOROVOD_IDLE_WAIT_MS": "20", **CONTENDERS[name]})
+               env={"HOROVOD_IDLE_WAIT_MS": "20", **CONTENDERS[name]})
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="knobs.py idle-loop", description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=8.0, help="timed compute per contender start")
     p.add_argument("--json", metavar="PATH")
@@ -131,5 +127,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the plain workers start here: python -m hvdlab.bench.idle_loop --worker OUT ...
     sys.exit(main())

@@ -1,8 +1,8 @@
 """What starting a job costs in the launching process, side by side in one run: Horovod's own build checks vs
 hvdsync's (issue: a PyTorch run imported TensorFlow in the launcher).
 
-    python benchmarks/launch_overhead.py              # 3 rounds of both variants, 2 workers each
-    python benchmarks/launch_overhead.py --rounds 5
+    python benchmarks/knobs.py launch                 # 3 rounds of both variants, 2 workers each
+    python benchmarks/knobs.py launch --rounds 5 --json launch.json
 
 Before it starts workers, ``horovod.runner`` asks "was Horovod built with Gloo? with MPI?". Horovod answers by
 forking a process that imports ``horovod.tensorflow`` (its first framework), so a launch of a *PyTorch* job paid a
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 NOISE = re.compile(r"oneDNN|absl::InitializeLog|cpu_feature_guard")
 
@@ -43,9 +44,11 @@ def one(variant: str) -> None:
     import contextlib
 
     from hvdsync import launch
+    from hvdsync.launch import local
 
     if variant == "horovod":
-        launch._build_checks_from_binaries = contextlib.nullcontext
+        # Where launch.run looks the checks up: the launcher's module, not the package that re-exports run.
+        local._build_checks_from_binaries = contextlib.nullcontext
     t = time.perf_counter()
     ranks = launch.run(_rank, np=2, progress=False)
     seconds = time.perf_counter() - t
@@ -54,11 +57,12 @@ def one(variant: str) -> None:
     print(json.dumps({"seconds": seconds, "cpu": sum(u.ru_utime + u.ru_stime for u in usage)}))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="knobs.py launch", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     p.add_argument("--one", choices=["horovod", "hvdsync"], help=argparse.SUPPRESS)
-    ns = p.parse_args()
+    ns = p.parse_args(argv)
     if ns.one:
         one(ns.one)
         return
@@ -68,7 +72,7 @@ def main() -> None:
     got = {v: {"seconds": [], "cpu": [], "noise": []} for v in variants}
     for r in range(ns.rounds):
         for v in variants[r % 2:] + variants[:r % 2]:  # alternate the order: noise lands on both alike
-            proc = subprocess.run([sys.executable, __file__, "--one", v], capture_output=True, text=True, env=env,
+            proc = subprocess.run([sys.executable, "-m", __name__, "--one", v], capture_output=True, text=True, env=env,
                                   check=True)
             record = json.loads(proc.stdout.strip().splitlines()[-1])
             got[v]["seconds"].append(record["seconds"])
@@ -81,7 +85,9 @@ def main() -> None:
               f"CPU {statistics.median(got[v]['cpu']):6.2f} s, TensorFlow lines on stderr: {got[v]['noise']}")
     ratio = statistics.median(got["horovod"]["seconds"]) / statistics.median(got["hvdsync"]["seconds"])
     print(f"ratio (a)/(b) of the median wall time: {ratio:.2f}")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps({"rounds": ns.rounds, "variants": got, "ratio": ratio}, indent=1))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # each launch runs here in a fresh process: python -m hvdlab.bench.launch_overhead --one
     main()

@@ -122,9 +122,9 @@ def timed_steps(step, batches: list, warmup: int) -> list[float]:
 
 
 def step_clock(warmup: int, times: list, params: list):
-    """A :class:`hvdsync.core.train.loop.Callback` for ``fit``: the seconds of each step after ``warmup`` into ``times``,
-    the final parameters into ``params``. It runs after hvdsync's own per-step observer, so the figure includes what
-    ``fit`` adds to a step."""
+    """A :class:`hvdsync.core.train.loop.Callback` for ``fit``: the seconds of each step after ``warmup`` into
+    ``times``, the final parameters into ``params``. It runs after hvdsync's own per-step observer, so the figure
+    includes what ``fit`` adds to a step."""
     from hvdsync.core.train.loop import Callback
 
     class Clock(Callback):
@@ -151,3 +151,15 @@ def fit_config(spec: Spec, work: Work):
         "data": {"batch_size": work.global_batch // spec.world, "shuffle": False},
         "train": {"framework": spec.framework, "np": spec.world, "epochs": 1, "lr": work.lr, "lr_scaling": "none",
                   "optimizer": "sgd", "momentum": 0.0}})
+
+
+def works(quick: bool) -> dict[str, Work]:
+    """The models of ``benchmarks/training.py`` (``quick``: tiny ones that exercise every path in seconds)."""
+    if quick:
+        return {"mlp": Work("mlp", features=64, hidden=128, global_batch=16, warmup=1, steps=2),
+                "cnn": Work("cnn", hidden=8, image=8, global_batch=16, warmup=1, steps=2)}
+    # MLP: 1024-4096-4096-10 = 21.0 M parameters (84 MB of float32 gradient per step) against ~8 GFLOP per global
+    # batch of 64: the all-reduce weighs as much as the compute. CNN: hvdsync's ResNet-style CNN of width 16 (10 k
+    # parameters) on 16x16x3 images: compute-bound, Horovod's per-step latency shows.
+    return {"mlp": Work("mlp", features=1024, hidden=4096, global_batch=64, warmup=2, steps=5),
+            "cnn": Work("cnn", hidden=16, image=16, global_batch=128, warmup=2, steps=8)}

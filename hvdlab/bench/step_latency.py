@@ -1,7 +1,7 @@
 """Where a small model's step goes, Horovod against DDP: the same 2 processes, the contenders interleaved step by step.
 
-    python benchmarks/step_latency.py                    # the CNN of training.py, 60 steps per contender (~2 min)
-    python benchmarks/step_latency.py --steps 100 --cycle-ms 1,5 --json latency.json
+    python benchmarks/step.py latency                    # the CNN of training.py, 60 steps per contender (~2 min)
+    python benchmarks/step.py latency --steps 100 --cycle-ms 1,5 --json latency.json
 
 Every worker holds Horovod *and* a ``torch.distributed`` Gloo group, and one copy of the model per contender; each
 step runs every contender once, in an order that alternates, after a barrier:
@@ -35,9 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
 VARIANTS = ("local", "hooks", "grouped", "grouped_spin", "fit_step", "ddp")
 PHASES = ("step", "fwdbwd", "sync", "update")
 
@@ -47,8 +44,8 @@ def _setup(variants, rank, port, horovod: bool):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from step_common import Work, data
-    from step_torch import model
+    from hvdlab.bench.step_common import Work, data
+    from hvdlab.bench.step_torch import model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -194,9 +191,9 @@ def _slowest(per_rank: list[dict], v: str, k: str) -> float:
 
 
 def main(argv=None) -> int:
-    from harness import _free_port, run_processes
+    from hvdlab.bench.harness import _free_port, run_processes
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="step.py latency", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--cycle-ms", default="1", help="comma-separated HOROVOD_CYCLE_TIME values, one job each")
@@ -214,7 +211,6 @@ def main(argv=None) -> int:
     from hvdsync.config import SyncConfig
     from hvdsync.launch.local import run
 
-    env = {"PYTHONPATH": os.pathsep.join(x for x in (str(HERE), os.environ.get("PYTHONPATH", "")) if x)}
     doc = {"load_start": os.getloadavg(), "steps": args.steps, "jobs": {}}
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.steps} steps per contender",
           flush=True)
@@ -222,7 +218,7 @@ def main(argv=None) -> int:
         for cycle in [float(c) for c in args.cycle_ms.split(",")]:
             tl = str(Path(tmp) / f"tl{cycle}")
             res = run(horovod_worker, args=(list(VARIANTS), args.steps, args.warmup, _free_port(), 10, tl), np=2,
-                      sync=SyncConfig(cycle_time_ms=cycle), env={**env, "HOROVOD_TIMELINE": "DYNAMIC"},
+                      sync=SyncConfig(cycle_time_ms=cycle), env={"HOROVOD_TIMELINE": "DYNAMIC"},
                       progress=False)
             job = {v: {k: 1e3 * _slowest(res, v, k) for k in PHASES} for v in VARIANTS}
             for v in ("hooks", "grouped", "grouped_spin"):
@@ -230,9 +226,9 @@ def main(argv=None) -> int:
             job["params_equal"] = len({round(r["params"][v], 9) for r in res for v in VARIANTS if v != "local"}) == 1
             doc["jobs"][f"horovod, cycle {cycle:g} ms"] = job
         port, outs = _free_port(), [Path(tmp) / f"plain{r}.json" for r in range(2)]
-        cmds = [[sys.executable, __file__, "--plain-worker", "--rank", str(r), "--port", str(port), "--out",
+        cmds = [[sys.executable, "-m", __name__, "--plain-worker", "--rank", str(r), "--port", str(port), "--out",
                  str(outs[r]), "--steps", str(args.steps), "--warmup", str(args.warmup)] for r in range(2)]
-        run_processes(cmds, {**os.environ, **env, "GLOO_SOCKET_IFNAME": "lo"}, 900, "plain")
+        run_processes(cmds, {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}, 900, "plain")
         res = [json.loads(o.read_text()) for o in outs]
         doc["jobs"]["plain processes (no Horovod)"] = {v: {k: 1e3 * _slowest(res, v, k) for k in PHASES}
                                                        for v in ("local", "ddp")}
@@ -258,5 +254,5 @@ def _print(doc: dict) -> None:
     print(f"\nload average at end {' '.join(f'{x:.1f}' for x in doc['load_end'])}")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the plain workers start here: python -m hvdlab.bench.step_latency --plain-worker ...
     sys.exit(main())

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 
-from step_common import (Spec, Work, data, fingerprint, fit_config, plan, start_values, step_clock,
-                         timed_steps, wrong)
+from hvdlab.bench.step_common import (Spec, Work, data, fingerprint, fit_config, plan, start_values, step_clock,
+                                      timed_steps, wrong)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

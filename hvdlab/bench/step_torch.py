@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from step_common import (Spec, Work, data, fingerprint, fit_config, plan, start_values, step_clock,
-                         timed_steps, wrong)
+from hvdlab.bench.step_common import (Spec, Work, data, fingerprint, fit_config, plan, start_values, step_clock,
+                                      timed_steps, wrong)
 
 
 def model(work: Work) -> nn.Module:

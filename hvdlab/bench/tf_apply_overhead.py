@@ -1,12 +1,12 @@
 """Where hvdsync's Keras optimizer spends time over raw Horovod in one ``tf.function`` step (the adapter API path).
 
-    python benchmarks/tf_apply_overhead.py                 # the CNN of training.py, 200 interleaved steps
-    python benchmarks/tf_apply_overhead.py --model mlp --steps 20
+    python benchmarks/step.py tf-apply                 # the CNN of training.py, 200 interleaved steps
+    python benchmarks/step.py tf-apply --model mlp --steps 20
 
 Two Horovod workers (1 thread each) build one copy of the model per contender from the same start and run the same
 step, one ``tf.function`` call each, interleaved step by step (so machine noise hits every contender alike):
 
-* ``raw``: ``hvd.grouped_allreduce`` of the tape's gradients, then SGD (``step_tf.py``'s raw contender);
+* ``raw``: ``hvd.grouped_allreduce`` of the tape's gradients, then SGD (:mod:`hvdlab.bench.step_tf`'s raw contender);
 * ``api``: ``hvdsync.tensorflow.distributed_optimizer(SGD)`` at ``accumulate=1``: the fast path (no sum variables);
 * ``api_sums``: the same optimizer made to take its accumulation path at ``accumulate=1`` (gradients into sum
   variables, a ``tf.cond``, read back, zeroed): what the fast path saves;
@@ -27,12 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 CONTENDERS = ("raw", "api", "api_sums", "api_before", "fit_step", "fit_3graphs")
 
@@ -43,9 +39,6 @@ def _graph_ops(graph) -> int:
 
 
 def worker(model_name: str, steps: int, warmup: int) -> dict:
-    import sys as _sys
-
-    _sys.path.insert(0, str(HERE))  # in the worker: step_tf and step_common live beside this script
     import horovod.tensorflow as hvd
 
     import hvdsync.tensorflow as hs
@@ -54,9 +47,9 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
     hs.init(Config())  # one intra/inter-op thread per worker, as in training.py
     import keras
     import tensorflow as tf
-    from step_common import data
-    from step_tf import _ce, model
-    from training import works
+
+    from hvdlab.bench.step_common import data, works
+    from hvdlab.bench.step_tf import _ce, model
 
     work = works(False)[model_name]
     x, y = data(work)
@@ -121,17 +114,17 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import report
+    from hvdlab.bench import report
     from hvdsync.launch.local import run
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="step.py tf-apply", description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     p.add_argument("--steps", type=int, default=200, help="timed steps per contender")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     args = p.parse_args(argv)
-    print(f"{args.model}: 2 workers x 1 thread, {args.steps} interleaved steps; load average {report.machine()['load']}",
-          flush=True)
+    print(f"{args.model}: 2 workers x 1 thread, {args.steps} interleaved steps; "
+          f"load average {report.machine()['load']}", flush=True)
     ranks = run(worker, args=(args.model, args.steps, args.warmup), np=2, progress=False)
     step = {n: [max(a, b) for a, b in zip(ranks[0]["times"][n], ranks[1]["times"][n])] for n in CONTENDERS}
     cpu = {n: [(a + b) / 2 for a, b in zip(ranks[0]["cpu"][n], ranks[1]["cpu"][n])] for n in CONTENDERS}
@@ -150,7 +143,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "steps": args.steps, "rows": rows}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,24 +1,22 @@
 """The epoch's evaluation in TensorFlow: Keras' eager model call on the whole test slice against hvdsync's traced,
 chunked ``count_correct`` (what ``fit``'s default evaluation runs), interleaved in one process.
 
-    python benchmarks/tf_eval.py                  # the MLP of shares.py at hidden 4096 and 16384
-    python benchmarks/tf_eval.py --hidden 1024 --repeats 15
+    python benchmarks/step.py tf-eval             # the MLP of shares.py at hidden 4096 and 16384
+    python benchmarks/step.py tf-eval --hidden 1024 --repeats 15
 
 The evaluation is part of every epoch and no share of a step shortens it: with straggler-aware shares it is part of
-what the epoch cannot win back (benchmarks/README.md, "Straggler-aware shares"). One worker process, one thread (as
+what the epoch cannot win back (docs/measurements/shares.md). One worker process, one thread (as
 each of 2 workers on 2 cores), the test slice of one of 2 ranks; per contender the median wall and process CPU time
 of ``--repeats`` rounds (the contenders alternate within each round, so machine noise hits both alike).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def measure(hidden: int, repeats: int) -> dict:
@@ -27,6 +25,7 @@ def measure(hidden: int, repeats: int) -> dict:
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.train.loop import array_evaluator
+    from hvdsync.core.train.shares import share_slice
     from hvdsync.tensorflow.train import build
 
     cfg = Config.from_dict({"data": {"dataset": "synthetic", "synthetic_samples": 65536},
@@ -34,7 +33,10 @@ def measure(hidden: int, repeats: int) -> dict:
     data = datasets.load(cfg.data, 0)
     backend = build(cfg, data)
     backend.rank, backend.size = 0, 2  # score rank 0's slice of a 2-worker job
-    x, y = data.x_test[0::2], data.y_test[0::2]
+    # The same samples the evaluator scores: rank 0's contiguous part (a rank's part follows the shares since the
+    # evaluation was cut by them; a strided slice here counted other samples and failed the check below).
+    part = share_slice(len(data.x_test), 0, 2)
+    x, y = data.x_test[part], data.y_test[part]
 
     def eager() -> int:  # what count_correct did before: Keras' eager call, all samples at once
         return int(np.sum(np.argmax(backend.model(x, training=False), axis=1) == y))
@@ -55,10 +57,11 @@ def measure(hidden: int, repeats: int) -> dict:
                                                    for name in contenders}}
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="step.py tf-eval", description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -76,8 +79,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"MLP 64-{hidden}-10, {r['samples']} test samples: eager {e['wall_ms']:.1f} ms (CPU {e['cpu_ms']:.1f}), "
               f"traced in chunks {t['wall_ms']:.1f} ms (CPU {t['cpu_ms']:.1f}); traced / eager "
               f"{t['wall_ms'] / e['wall_ms']:.2f} (CPU {t['cpu_ms'] / e['cpu_ms']:.2f})")
-    return rows
-
-
-if __name__ == "__main__":
-    main()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0

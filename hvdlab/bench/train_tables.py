@@ -78,7 +78,8 @@ def knobs_table(block: dict) -> tuple[str, str]:
         b = row.get("bytes_per_step")
         r = row.get("allreduce_rounds_per_step")
         out.append([("hvdsync defaults" if name == "api" else row["label"]), _ms(row),
-                    _ratio(ratios.get(f"{name}/{row.get('versus') or 'api'}")) if name != "api" else "1", f"{b / 1e6:.1f}" if b else "-",
+                    _ratio(ratios.get(f"{name}/{row.get('versus') or 'api'}")) if name != "api" else "1",
+                    f"{b / 1e6:.1f}" if b else "-",
                     f"{r:.2f} / {row['backward_passes_per_step']}" if r is not None else "-", _verdict(row)])
     return _cells(["knob", "step ms", "/ defaults (per rep)", "MB to Horovod per step per rank",
                    "all-reduces / backward passes per step", "params vs 1 process"], out)

@@ -43,7 +43,7 @@ def _average_gradients(params: list, process_set, name: str, counter: WireCounte
     grads = [p.grad for p in params]
     for g in grads:
         counter.record(g.numel(), g.element_size(), "float32")
-    # In place: no new output tensors to allocate and copy back (benchmarks/README.md, "Where the time goes").
+    # In place: no new output tensors to allocate and copy back (docs/measurements/allreduce.md, "Where the time goes").
     hvd.grouped_allreduce_(grads, op=hvd.Average, process_set=process_set, name=name)
 
 

@@ -128,7 +128,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
     # (parameter_manager.cc, BayesianParameter::SetValue), and the next init writes the defaults back by their old
     # indices into the shorter vector; with both fixed the survivor segfaults in hvd.init(). Fixing only one writes
     # out of bounds too. So an elastic job keeps Horovod's own fusion (128 MiB) and cycle time (1 ms), which
-    # measure alike to hvdsync's (benchmarks/README.md), and passes the cache capacity only.
+    # measure alike to hvdsync's (docs/measurements/allreduce.md), and passes the cache capacity only.
     knobs = {k: v for k, v in (sync.horovod_env() if sync is not None else {}).items() if k not in ELASTIC_UNSAFE_KNOBS}
     worker_env = {**knobs, RUN_DIR_ENV: str(run_dir), FAULTS_ENV: faults or os.environ.get(FAULTS_ENV, ""),
                   **(env or {})}

@@ -93,7 +93,7 @@ def _build_checks_from_binaries() -> Iterator[None]:
     Horovod's own checks (``horovod.common.util.gloo_built``/``mpi_built``) fork a process that imports
     ``horovod.tensorflow`` first, so every launch, even of a PyTorch job, paid a TensorFlow import (seconds of CPU)
     and that child printed TensorFlow's absl start-up lines into this terminal (its fd 2 is ours).
-    ``benchmarks/launch_overhead.py`` measures the difference.
+    ``benchmarks/knobs.py launch`` measures the difference.
     """
     import horovod.runner.launch as horovod_launch
 

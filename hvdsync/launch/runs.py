@@ -306,7 +306,7 @@ def _cmd_sweep(ns, base: Config) -> int:
 def add_parsers(sub) -> None:
     """Add ``runs`` and ``sweep`` to the ``hvdsync`` command's subparsers."""
     from hvdsync.launch.cli import _train_options as add_train_options
-    runs = sub.add_parser("runs", help="list, compare, push, show or reproduce recorded runs")
+    runs = sub.add_parser("runs", help="list, compare, push, open the UI for, or reproduce recorded runs")
     rsub = runs.add_subparsers(dest="runs_command", required=True)
 
     def common(p):
