@@ -14,6 +14,7 @@ them into a checked ``SyncConfig``, for both frameworks alike.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from hvdsync.config import ConfigError, SyncConfig
@@ -111,7 +112,7 @@ class Adapter(Protocol):
         """hvdsync's built-in model trained elastically."""
 
 
-# Written in both adapters' ``distributed_optimizer`` docstrings, word for word (the protocol test compares them).
+# Shown in both adapters' ``distributed_optimizer`` docstrings (:func:`states_the_accumulation_rule`): written once.
 ACCUMULATION_RULE = """\
 The accumulation rule, the same in both frameworks: the optimizer applies the SUM of the ``accumulate`` backward
 passes' gradients, combined across ranks by ``op``. In a loop of your own, each pass's loss is its micro-batch's
@@ -120,6 +121,14 @@ summed loss (the batch mean times the micro-batch's size) times
 update is then the gradient of the mean loss over the global step. Keras' ``compile``/``fit`` feeds batch-mean
 losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
 that applies Keras' averaging."""
+
+
+
+def states_the_accumulation_rule(fn: Callable) -> Callable:
+    """Put :data:`ACCUMULATION_RULE` where ``fn``'s docstring says ``{accumulation_rule}``: the rule is written once
+    and ``help()`` shows it in both frameworks' ``distributed_optimizer``."""
+    fn.__doc__ = fn.__doc__.replace("{accumulation_rule}", textwrap.indent(ACCUMULATION_RULE, "    ").lstrip())
+    return fn
 
 
 def sync_settings(sync: SyncConfig | None = None, *, compression=None, accumulate: int | None = None, op=None,

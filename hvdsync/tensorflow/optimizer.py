@@ -16,7 +16,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdsync.adapter import sync_settings
+from hvdsync.adapter import states_the_accumulation_rule, sync_settings
 from hvdsync.config import SyncConfig
 from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec
 from hvdsync.tensorflow.compression import make_reducer
@@ -284,6 +284,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self.clear()
 
 
+@states_the_accumulation_rule
 def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None = None, sync=None, *,
                           compression: str | None = None, accumulate: int | None = None, op=None,
                           sparse: str | None = None, counter: WireCounter | None = None,
@@ -306,13 +307,7 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         counter: a :class:`~hvdsync.core.comm.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
-    The accumulation rule, the same in both frameworks: the optimizer applies the SUM of the ``accumulate`` backward
-    passes' gradients, combined across ranks by ``op``. In a loop of your own, each pass's loss is its micro-batch's
-    summed loss (the batch mean times the micro-batch's size) times
-    :func:`~hvdsync.core.train.scaling.loss_scale` of the global step, whose sample count covers every pass; the
-    update is then the gradient of the mean loss over the global step. Keras' ``compile``/``fit`` feeds batch-mean
-    losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
-    that applies Keras' averaging.
+    {accumulation_rule}
 
     Example:
         >>> model.compile(optimizer=distributed_optimizer(keras.optimizers.SGD(0.1), accumulate=4),  # doctest: +SKIP

@@ -4,7 +4,7 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
-from hvdsync.adapter import sync_settings
+from hvdsync.adapter import states_the_accumulation_rule, sync_settings
 from hvdsync.core.comm.codecs import WireCounter, get_codec
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
@@ -17,6 +17,7 @@ def _needs_model(sync) -> ValueError:
                       "the model")
 
 
+@states_the_accumulation_rule
 def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None, sync=None, *,
                           compression: str | None = None, accumulate: int | None = None, op: str | None = None,
                           sparse: str | None = None, counter: WireCounter | None = None,
@@ -39,13 +40,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
         counter: a :class:`~hvdsync.core.comm.codecs.WireCounter` that records what is handed to Horovod.
         seed: the global seed for the codecs' shared random choices (rand-k positions, PowerSGD's first Q).
 
-    The accumulation rule, the same in both frameworks: the optimizer applies the SUM of the ``accumulate`` backward
-    passes' gradients, combined across ranks by ``op``. In a loop of your own, each pass's loss is its micro-batch's
-    summed loss (the batch mean times the micro-batch's size) times
-    :func:`~hvdsync.core.train.scaling.loss_scale` of the global step, whose sample count covers every pass; the
-    update is then the gradient of the mean loss over the global step. Keras' ``compile``/``fit`` feeds batch-mean
-    losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
-    that applies Keras' averaging.
+    {accumulation_rule}
 
     Gradients that total at most ``sync.grouped_mb`` MiB (default 25, DDP's bucket) are all-reduced in one grouped
     call after the backward pass (:class:`~hvdsync.torch.grouped.GroupedOptimizer`); larger models get
