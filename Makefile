@@ -28,6 +28,7 @@ bench: install
 	$(PY) benchmarks/compression.py --record make-bench
 	$(PY) benchmarks/training.py --record make-bench
 	$(PY) benchmarks/knobs.py --record make-bench idle-loop
+	$(PY) benchmarks/shares.py --record make-bench
 	$(PY) benchmarks/index.py --check
 
 clean-horovod-cache:

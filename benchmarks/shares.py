@@ -1,9 +1,15 @@
 """Straggler-aware shares and a growing batch, side by side on 2 local workers: epoch time, samples, all-reduces.
 
-    python benchmarks/shares.py                          # PyTorch and TensorFlow, rounds interleaved
+    python benchmarks/shares.py                          # PyTorch and TensorFlow, rounds interleaved (part compare)
     python benchmarks/shares.py --framework tensorflow   # one framework
     python benchmarks/shares.py --rounds 3 --json shares.json
     python benchmarks/shares.py --hidden 4096            # 4x the compute per sample: the fixed part of an epoch shrinks
+    python benchmarks/shares.py timeline --framework tensorflow --hidden 4096   # every phase of every step
+    python benchmarks/shares.py --record quiet --framework tensorflow --rounds 4 --epochs 6 --hidden 4096
+
+The suite's parts: ``compare`` (the default, below) and ``timeline`` (:mod:`hvdlab.bench.shares_timeline`: where
+the epoch of the same runs goes, every phase of every step on both ranks, the straggler's busy time apart); both
+take their setup from :mod:`hvdlab.bench.shares_common`. ``PART --help`` gives a part's options.
 
 Per framework and round, one job of 2 Horovod workers (:func:`worker`, through :func:`hvdsync.launch.run`) trains the
 same model from the same start, with rank 1 computing 2x slower (the lab's straggler,
@@ -32,26 +38,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-# Enough compute per step (a 64-1024-10 MLP, 2048 samples per rank) that a rank's speed, not the all-reduce or
-# Python's per-step overhead, decides the step time: what unequal shares can fix.
-SAMPLES = 65536
-
-
-def batch_for(samples: int) -> int:
-    """Samples per rank per step: 2048, or a 16th of a smaller data set."""
-    return min(2048, samples // 16)
-
-
-def config(framework: str, epochs: int, hidden: int = 1024, samples: int = SAMPLES, **data):
-    from hvdsync.config import Config
-
-    return Config.from_dict({
-        "data": {"dataset": "synthetic", "synthetic_samples": samples, "batch_size": batch_for(samples), **data},
-        "train": {"framework": framework, "epochs": epochs, "hidden": hidden, "lr": 0.05},
-        "tracking": {"enabled": False}, "monitor": {"every": 0}})
+from hvdlab.bench import shares_timeline, suite
+from hvdlab.bench.shares_common import SAMPLES, SLOWDOWN, batch_for, config
 
 
 def later_epoch_seconds(result: dict) -> float:
@@ -74,10 +62,6 @@ def balanced_bound(run: dict) -> float:
         rest = max(0.0, h["epoch_seconds"] - work - h["eval_seconds"])
         ratios.append((balanced + h["eval_seconds"] * balanced / work + rest) / h["epoch_seconds"])
     return statistics.mean(ratios)
-
-
-# Rank 1 computes this many times slower in the equal and adaptive runs.
-SLOWDOWN = 2.0
 
 
 def worker(runs: list[tuple[dict, float]]) -> list[dict]:
@@ -150,8 +134,9 @@ def run_row(name: str, r: dict) -> dict:
             "eval_seconds": statistics.mean(h["eval_seconds"] for h in r["history"][1:])}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shares.py compare", description=__doc__.splitlines()[0],
+                                     epilog=suite.RECORD_HELP)
     parser.add_argument("--framework", default="both", choices=["both", "torch", "tensorflow"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
@@ -226,8 +211,12 @@ def main(argv: list[str] | None = None) -> dict:
         out["frameworks"][framework] = result
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
-    return out
+    return 0
 
+
+SUITE_PARTS = {"compare": suite.Part(main, "Equal against adaptive shares with rank 1 2x slower on 2 local workers, "
+                                           "the bound of perfect shares, and a growing batch's counted all-reduces."),
+               "timeline": suite.Part(shares_timeline.main, suite.first_line(shares_timeline.__doc__))}
 
 if __name__ == "__main__":
-    main()
+    sys.exit(suite.run(__file__, SUITE_PARTS, default="compare", doc=__doc__))

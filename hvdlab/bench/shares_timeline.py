@@ -1,28 +1,27 @@
 """Where the epoch of ``shares.py`` goes, step by step: every phase of every step on both ranks, with the simulated
 straggler's busy time apart from the work.
 
-    python benchmarks/shares_timeline.py --framework tensorflow --hidden 4096
-    python benchmarks/shares_timeline.py --framework torch --hidden 4096 --json timeline.json
+    python benchmarks/shares.py timeline --framework tensorflow --hidden 4096
+    python benchmarks/shares.py timeline --framework torch --hidden 4096 --json timeline.json
 
-One job of 2 workers trains the three runs of :mod:`shares` (no slow rank; rank 1 2x slower with equal shares;
-with adaptive shares). Each worker records, through the timer and callback it passes in (a recording subclass of
-:class:`hvdlab.straggler.SlowRank`), the start and end of every phase (``data``, ``compute``, ``sync_wait``,
-``update``), of the slowdown's busy wait inside rank 1's compute phase and of the evaluation; the clocks are the
-machine's monotonic clock, so both ranks' records line up. Printed per run and epoch (1..), per rank: work seconds
-(compute without the busy wait) and microseconds per sample, busy, all-reduce wait, update, evaluation; then the
-median step time (rank 0, from one step's start to the next) and, per step, how much earlier rank 0 reached the
-all-reduce than rank 1 (what unequal shares should bring to zero) and how long the all-reduce took once both had.
+One job of 2 workers trains the three runs of ``shares.py compare`` (their setup: :mod:`hvdlab.bench.shares_common`; no
+slow rank; rank 1 2x slower with equal shares; with adaptive shares). Each worker records, through the timer and
+callback it passes in (a recording subclass of :class:`hvdlab.straggler.SlowRank`), the start and end of every phase
+(``data``, ``compute``, ``sync_wait``, ``update``), of the slowdown's busy wait inside rank 1's compute phase and of the
+evaluation; the clocks are the machine's monotonic clock, so both ranks' records line up. Printed per run and epoch
+(1..), per rank: work seconds (compute without the busy wait) and microseconds per sample, busy, all-reduce wait,
+update, evaluation; then the median step time (rank 0, from one step's start to the next) and, per step, how much
+earlier rank 0 reached the all-reduce than rank 1 (what unequal shares should bring to zero) and how long the all-reduce
+took once both had.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hvdlab.bench.shares_common import SLOWDOWN, config
 
 PHASE_NAMES = ("data", "compute", "sync_wait", "update")
 
@@ -102,7 +101,7 @@ def worker(runs: list[tuple[dict, float]]) -> list[list]:
         data = datasets.load(cfg.data, cfg.train.seed)
         timer = Timed(rank=1, factor=slowdown)
         backend = adapter.build(cfg, data, timer=timer)
-        # As in shares.py: equal shares with a slow rank are measured per rank too (one all-gather per epoch).
+        # As in compare: equal shares with a slow rank are measured per rank too (one all-gather per epoch).
         measure = [AdaptiveShares(adapt=False)] if slowdown > 1.0 and cfg.data.shares == "equal" else []
         log.clear()
         fit_loop(cfg, backend, data, callbacks=[timer, Marks(), *measure])
@@ -161,8 +160,8 @@ def summarise(name: str, ranks: list[list], epochs: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shares.py timeline", description=__doc__.splitlines()[0])
     parser.add_argument("--framework", default="tensorflow", choices=["torch", "tensorflow"])
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=4)
@@ -170,7 +169,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     from hvdsync.launch.local import run
-    from shares import SLOWDOWN, config
 
     runs = {"no slow rank": (config(args.framework, args.epochs, args.hidden), 1.0),
             "equal, rank 1 2x slower": (config(args.framework, args.epochs, args.hidden, shares="equal"), SLOWDOWN),
@@ -181,8 +179,4 @@ def main(argv: list[str] | None = None) -> dict:
     out = {name: summarise(name, [records[r][i] for r in range(2)], args.epochs) for i, name in enumerate(runs)}
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": out, "records": records}))
-    return out
-
-
-if __name__ == "__main__":
-    main()
+    return 0
