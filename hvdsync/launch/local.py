@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.train.loop import FitResult
-from hvdsync.core.telemetry.progress import PROGRESS_ENV
+from hvdsync.core.telemetry.progress import PROGRESS_ENV, progress_display
 from hvdsync.core.train.runtime import apply_horovod_env
 from hvdsync.launch import worker
 from hvdsync.launch.worker import ADAPTERS  # noqa: F401 - part of this module's API
@@ -124,9 +124,8 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def _follow_progress(path: Path, stop: threading.Event, stream: Any) -> None:
-    """Turn rank 0's JSON progress lines into a tqdm bar in this process."""
-    from tqdm import tqdm
-
+    """Turn rank 0's JSON progress lines into a tqdm bar in this process (plain lines where ``stream`` is not a
+    terminal: :func:`hvdsync.core.telemetry.progress.progress_display`)."""
     bar = None
     with contextlib.suppress(FileNotFoundError):
         path.touch()
@@ -142,8 +141,7 @@ def _follow_progress(path: Path, stop: threading.Event, stream: Any) -> None:
             if "total" in record:
                 if bar is not None:
                     bar.close()
-                bar = tqdm(total=record["total"], desc=record.get("desc", "train"), file=stream, leave=True,
-                           dynamic_ncols=True)
+                bar = progress_display(record["total"], record.get("desc", "train"), stream)
             elif bar is not None:
                 bar.update(record.pop("n", 1))
                 if record:

@@ -4,14 +4,84 @@ Under ``hvdsync train`` the launcher owns the terminal: worker output is kept in
 Horovod's ``[rank]<stdout>:`` prefixes and TensorFlow's start-up lines don't bury anything) and rank 0 appends
 one JSON line per step to the file named by ``HVDSYNC_PROGRESS_FILE``; the launcher turns those into a tqdm bar.
 Under a plain ``horovodrun`` script there is no launcher: rank 0 draws the tqdm bar itself on stderr.
+
+A bar redraws one line with carriage returns, which only a terminal (or a notebook cell) shows as one line. Where the
+output is not a terminal (a log file, a CI log, and ``horovodrun``, which pipes every worker's output and prefixes
+each piece with ``[0]<stderr>:``) the redraws pile up into one endless line; there :func:`progress_display` gives
+plain progress lines instead, one every ``interval`` seconds and one at the end.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
+from typing import Any, Callable, TextIO
 
 PROGRESS_ENV = "HVDSYNC_PROGRESS_FILE"
+
+
+# Seconds between two plain progress lines: often enough to see a job move, rare enough to keep a log readable.
+PLAIN_INTERVAL_S = 10.0
+
+
+def draws_in_place(stream: Any) -> bool:
+    """Whether ``stream`` shows a carriage-return redraw as one line: a terminal, or a Jupyter cell's output."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        if isatty is not None and isatty():
+            return True
+    except ValueError:  # a closed stream
+        return False
+    # ipykernel's OutStream is no tty but renders "\r" in place (and tqdm.auto draws a widget there).
+    return type(stream).__module__.startswith("ipykernel")
+
+
+class PlainProgress:
+    """Progress as whole lines, for output that is not a terminal: ``train: 110/220 (50%) 12.3 s, 8.9/s, loss=0.123``
+    every ``interval`` seconds and when the work is done. The same calls as a tqdm bar (``update``,
+    ``set_postfix``, ``close``), so callers need not know which one they hold."""
+
+    def __init__(self, total: int, desc: str, stream: TextIO, interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.desc, self.stream, self.clock = total, desc, stream, clock
+        self.interval = PLAIN_INTERVAL_S if interval is None else interval
+        self.n, self.postfix = 0, {}
+        self.start = self._last = clock()
+        self._printed_at: int | None = None
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self.clock()
+        if now - self._last >= self.interval or (self.total and self.n >= self.total):
+            self._line(now)
+
+    def set_postfix(self, values: dict, refresh: bool = False) -> None:
+        self.postfix = dict(values)
+
+    def close(self) -> None:
+        if self._printed_at != self.n:  # the last state once, not twice
+            self._line(self.clock())
+
+    def _line(self, now: float) -> None:
+        self._last, self._printed_at = now, self.n
+        seconds = now - self.start
+        share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        rate = f", {self.n / seconds:.3g}/s" if seconds > 0 else ""
+        extra = "".join(f", {k}={v}" for k, v in self.postfix.items())
+        print(f"{self.desc}: {self.n}/{self.total}{share} {seconds:.1f} s{rate}{extra}", file=self.stream, flush=True)
+
+
+def progress_display(total: int, desc: str, stream: TextIO, auto: bool = False):
+    """A tqdm bar where ``stream`` redraws in place, else :class:`PlainProgress` lines. ``auto``: tqdm.auto's
+    notebook widget where one can be shown (a worker's own bar); the launcher's bar is plain tqdm."""
+    if not draws_in_place(stream):
+        return PlainProgress(total, desc, stream)
+    if auto:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm import tqdm
+    return tqdm(total=total, desc=desc, file=stream, dynamic_ncols=True, leave=True)
 
 
 class Progress:
@@ -28,9 +98,7 @@ class Progress:
             self._file = open(path, "a", buffering=1)
             self._emit({"total": total, "desc": desc})
         else:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=True)
+            self._bar = progress_display(total, desc, sys.stderr, auto=True)
 
     def _emit(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")
