@@ -1,6 +1,8 @@
 """The ``hvdsync`` command.
 
     hvdsync train --framework torch --np 2 [--compression fp16] [--accumulate 4] [--config run.yaml] [--set k=v]
+    hvdsync train --hosts a:2,b:2 --np 4 [--network-interface eth0] [--ssh-port 22] [--ssh-identity-file KEY]
+    hvdsync train --hostfile hosts.txt --np 4           # or --hosts slurm inside a Slurm allocation
     hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir DIR [--resume]
     hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
     hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/launch/runs.py)
@@ -36,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     _train_options(t)
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.add_argument("--log-dir", help="folder for the workers' log (default: a temporary folder)")
+    _host_options(t)
     sub.add_parser("doctor", help="show what Horovod was built with and the versions in use")
     runs.add_parsers(sub)
     return p
@@ -54,6 +57,37 @@ def _train_options(t: argparse.ArgumentParser) -> None:
     t.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     t.add_argument("--timeline", action="store_true", help="record Horovod's timeline and its per-tensor chart")
     t.add_argument("--verbose", action="store_true", help="show worker output instead of a log file")
+
+
+def _host_options(t: argparse.ArgumentParser) -> None:
+    """Where ``train`` starts its workers (default: this machine); Horovod's own option names and syntax."""
+    where = t.add_mutually_exclusive_group()
+    where.add_argument("--hosts", metavar="HOST:SLOTS,...", help="hosts to run on over ssh, as horovodrun's -H "
+                       "(a:2,b:2); 'slurm' reads SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE")
+    where.add_argument("--hostfile", metavar="FILE", help="a hostfile: '<host> slots=<N>' per line")
+    t.add_argument("--network-interface", metavar="NAME[,NAME]", help="the interfaces the workers talk over")
+    t.add_argument("--ssh-port", type=int, help="the port of sshd on the other hosts")
+    t.add_argument("--ssh-identity-file", metavar="FILE", help="the ssh key for the other hosts")
+
+
+def _where(ns: argparse.Namespace) -> dict:
+    """The launcher's host arguments from the command line (checked by the launcher before any worker starts)."""
+    from hvdsync.launch import hosts
+
+    where: dict = {}
+    if ns.hosts == "slurm":
+        where["hosts"] = hosts.slurm_hosts()
+    elif ns.hosts:
+        where["hosts"] = hosts.parse_hosts(ns.hosts)
+    elif ns.hostfile:
+        where["hosts"] = hosts.read_hostfile(ns.hostfile)
+    if ns.network_interface:
+        where["network_interfaces"] = [name for name in ns.network_interface.split(",") if name]
+    if ns.ssh_port is not None:
+        where["ssh_port"] = ns.ssh_port
+    if ns.ssh_identity_file:
+        where["ssh_identity_file"] = ns.ssh_identity_file
+    return where
 
 
 def _config(ns: argparse.Namespace) -> Config:
@@ -77,13 +111,17 @@ def _train(ns: argparse.Namespace) -> int:
     from hvdsync import launch
 
     cfg = _config(ns)  # every config error surfaces here, before any worker starts
+    where = _where(ns)
     os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
     if cfg.elastic.enabled:
         from hvdsync.launch import elastic as elastic_launch
 
+        if where:  # an elastic job finds its hosts with a discovery script (hvdsync.launch.elastic)
+            raise ConfigError("--hosts/--hostfile/--network-interface/--ssh-*: not supported with --elastic yet; an "
+                              "elastic job takes its hosts from a discovery script (hvdsync.launch.elastic)")
         result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
     else:
-        result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+        result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
     for message in getattr(result, "warnings", []):  # monitor alarms, a store that did not answer: once each
         print(f"hvdsync: warning: {message}", file=sys.stderr)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())

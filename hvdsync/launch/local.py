@@ -157,10 +157,34 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no worker log)"
 
 
+def _where(hosts, np: int, ssh_port: int | None, ssh_identity_file: str | None,
+           network_interfaces: list[str] | None) -> dict:
+    """``horovod.runner.run``'s arguments for where the workers run, checked before anything starts."""
+    from hvdsync.launch import hosts as host_lists
+
+    listed = host_lists.parse_hosts(hosts) if isinstance(hosts, str) else list(hosts or [])
+    if not listed:
+        listed = [host_lists.Host("localhost", np)]
+    host_lists.check_duplicates(listed)
+    host_lists.check_slots(listed, np)
+    problem = host_lists.loopback_problem(listed)
+    if problem:
+        raise ConfigError(f"hosts: {problem}")
+    where: dict[str, Any] = {"hosts": host_lists.to_horovod(listed)}
+    if ssh_port is not None:
+        where["ssh_port"] = ssh_port
+    if ssh_identity_file is not None:
+        where["ssh_identity_file"] = ssh_identity_file
+    if network_interfaces:
+        where["network_interfaces"] = list(network_interfaces)
+    return where
+
+
 def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2, sync=None,
         env: dict[str, str] | None = None, quiet: bool = True, progress: bool = True,
         log_dir: str | Path | None = None, start_timeout: int = 120, runner_options: dict | None = None,
-        timeout: float | None = None) -> list:
+        timeout: float | None = None, hosts: str | list | None = None, ssh_port: int | None = None,
+        ssh_identity_file: str | None = None, network_interfaces: list[str] | None = None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``np`` local Horovod workers (Gloo) and return their results by rank.
 
     Args:
@@ -174,6 +198,14 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         log_dir: where the workers' log goes (default: a temporary folder, removed after a success, kept on failure).
         runner_options: more arguments for ``horovod.runner.run`` (an elastic job's discovery script, min/max
             workers: :mod:`hvdsync.launch.elastic`); they replace the fixed ``localhost:np`` hosts.
+        hosts: the hosts to start the workers on, over ssh where a host is not this machine: ``"a:2,b:2"``
+            (Horovod's ``-H``) or a list of :class:`hvdsync.launch.hosts.Host` (from a hostfile or Slurm). Default:
+            ``localhost:np``. Checked before anything starts: enough slots for ``np``, no host listed twice, and
+            no multi-host job from a machine whose host name resolves to loopback
+            (:func:`hvdsync.launch.hosts.loopback_problem`).
+        ssh_port, ssh_identity_file: how Horovod's launcher reaches the other hosts.
+        network_interfaces: the interfaces the workers talk over (e.g. ``["eth0"]``; default: Horovod finds the
+            ones common to every host).
         timeout: seconds after which the workers are stopped and :class:`WorkerError` is raised with their Python
             stacks (default: no limit). Whatever else ends the call early (Ctrl-C, a test framework's time limit)
             stops the workers too, so no hung worker outlives it.
@@ -192,6 +224,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
     if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                                     and timeout > 0):
         raise ConfigError(f"timeout: {timeout!r} is not allowed; expected a number of seconds > 0, or None")
+    where = runner_options or _where(hosts, np, ssh_port, ssh_identity_file, network_interfaces)
     own_dir = log_dir is None  # a temporary folder of ours: removed after a success, kept (and named) on failure
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-run-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +259,6 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         try:
             stack.enter_context(_build_checks_from_binaries())
             payload = cloudpickle.dumps((fn, args, kwargs or {}))
-            where = runner_options or {"hosts": f"localhost:{np}"}
             if timer is not None:
                 timer.daemon = True
                 timer.start()
@@ -261,14 +293,17 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
     return results
 
 
-def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None) -> FitResult:
-    """Train as ``cfg`` says on ``cfg.train.np`` local workers; returns rank 0's :class:`FitResult`.
+def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None,
+          **where: Any) -> FitResult:
+    """Train as ``cfg`` says on ``cfg.train.np`` workers (local, or on the ``hosts`` given: see :func:`run`'s
+    ``hosts``, ``ssh_port``, ``ssh_identity_file`` and ``network_interfaces``); returns rank 0's
+    :class:`FitResult`.
 
-    Every config error and Horovod build mismatch is raised here, before any worker starts.
+    Every config error, host-list error and Horovod build mismatch is raised here, before any worker starts.
     """
     preflight(cfg)
     results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, quiet=quiet,
-                  progress=progress, log_dir=log_dir)
+                  progress=progress, log_dir=log_dir, **where)
     return FitResult(**results[0])
 
 

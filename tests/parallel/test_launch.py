@@ -120,3 +120,29 @@ def test_bad_np_and_framework_fail_before_any_worker_starts():
     assert set(launch.horovod_frameworks()) == {"torch", "tensorflow"}
     with pytest.raises(ConfigError, match="sync.op: 'adasum' is not allowed with this Horovod build"):
         launch.preflight(Config.from_dict({"sync": {"op": "adasum"}}))
+
+
+def where_am_i():
+    import os
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    return {"rank": hvd.rank(), "local_size": hvd.local_size(), "host": os.environ.get("HOROVOD_HOSTNAME"),
+            "sum": float(total)}
+
+
+def test_hosts_reach_horovod_two_names_of_this_machine_are_two_hosts():
+    # localhost and 127.0.0.1 are two hosts to Horovod (it keys hosts by name) and both start without ssh: the
+    # multi-host path (one worker per host, interfaces given) on one machine, with no traffic leaving it.
+    from hvdsync.launch.hosts import Host
+
+    two = launch.run(where_am_i, np=2, hosts=[Host("localhost", 1), Host("127.0.0.1", 1)],
+                     network_interfaces=["lo"], progress=False)
+    assert sorted(r["host"] for r in two) == ["127.0.0.1", "localhost"]
+    assert [r["local_size"] for r in two] == [1, 1]             # one worker on each host
+    assert [r["sum"] for r in two] == [3.0, 3.0]                # the ring across the two hosts sums 1 + 2
+    one = launch.run(where_am_i, np=2, hosts="localhost:2", progress=False)
+    assert [r["local_size"] for r in one] == [2, 2] and {r["host"] for r in one} == {"localhost"}
