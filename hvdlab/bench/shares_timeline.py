@@ -30,7 +30,6 @@ def worker(runs: list[tuple[dict, float]]) -> list[list]:
     """In each worker: train every ``(config, slowdown)`` (rank 1 ``slowdown`` times slower; 1.0: not slowed) with
     every phase, busy wait and evaluation recorded; returns the records per run."""
     import contextlib
-    import importlib
     import time
 
     from hvdlab.straggler import SlowRank
@@ -38,7 +37,7 @@ def worker(runs: list[tuple[dict, float]]) -> list[list]:
     from hvdsync.config import Config
     from hvdsync.core.train.adaptive import AdaptiveShares
     from hvdsync.core.train.loop import Callback, fit_loop
-    from hvdsync.launch.local import ADAPTERS
+    from hvdsync.launch.worker import adapter as adapter_of
 
     log: list = []
 
@@ -96,7 +95,7 @@ def worker(runs: list[tuple[dict, float]]) -> list[list]:
     out = []
     for cfg_dict, slowdown in runs:
         cfg = Config.from_dict(cfg_dict)
-        adapter = importlib.import_module(ADAPTERS[cfg.train.framework])
+        adapter = adapter_of(cfg)
         adapter.init(cfg)
         data = datasets.load(cfg.data, cfg.train.seed)
         timer = Timed(rank=1, factor=slowdown)

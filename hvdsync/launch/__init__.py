@@ -8,7 +8,6 @@ Every launcher starts workers through one entry point (:mod:`hvdsync.launch.work
 start-up lines before anything imports it, registers the stack dump a stalled job asks for, then calls the function.
 """
 from hvdsync.launch.local import (
-    ADAPTERS,
     QUIET_ENV,
     WorkerError,
     horovod_frameworks,
@@ -17,5 +16,6 @@ from hvdsync.launch.local import (
     train,
     train_many,
 )
+from hvdsync.launch.worker import ADAPTERS
 
 __all__ = ["run", "train", "train_many", "preflight", "horovod_frameworks", "WorkerError", "ADAPTERS", "QUIET_ENV"]

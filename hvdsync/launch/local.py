@@ -29,7 +29,6 @@ from hvdsync.core.train.loop import FitResult
 from hvdsync.core.telemetry.progress import PROGRESS_ENV, progress_display
 from hvdsync.core.train.runtime import apply_horovod_env
 from hvdsync.launch import worker
-from hvdsync.launch.worker import ADAPTERS  # noqa: F401 - part of this module's API
 from hvdsync.launch.workers import Workers
 
 # Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
