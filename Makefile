@@ -15,7 +15,9 @@ demo: install
 	$(VENV)/bin/hvdsync train --framework tensorflow --np 2 --compression fp16 --accumulate 4
 	@echo "Both runs are recorded in ./mlflow.db: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
+# The multi-host tests (tests/hosts) need sshd and iproute2 from the system: installed here where this runs as root.
 test: install
+	bash scripts/install_test_hosts.sh
 	$(PY) -m pytest
 
 lab: install
@@ -42,5 +44,7 @@ docker-gpu:
 	python3 docker/build.py gpu
 
 # Opt-in tests: build both images, run the demo and the smoke test in the CPU one, check-build in the GPU one.
-docker-test: install
+docker-# The multi-host tests (tests/hosts) need sshd and iproute2 from the system: installed here where this runs as root.
+test: install
+	bash scripts/install_test_hosts.sh
 	$(PY) -m pytest -m docker tests/docker -v

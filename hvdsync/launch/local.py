@@ -159,7 +159,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 def _where(hosts, np: int, ssh_port: int | None, ssh_identity_file: str | None,
            network_interfaces: list[str] | None) -> dict:
     """``horovod.runner.run``'s arguments for where the workers run, checked before anything starts."""
-    from hvdsync.launch import hosts as host_lists
+    from hvdsync.launch import hosts as host_lists, reach
 
     listed = host_lists.parse_hosts(hosts) if isinstance(hosts, str) else list(hosts or [])
     if not listed:
@@ -169,6 +169,7 @@ def _where(hosts, np: int, ssh_port: int | None, ssh_identity_file: str | None,
     problem = host_lists.loopback_problem(listed)
     if problem:
         raise ConfigError(f"hosts: {problem}")
+    reach.check_hosts(listed, ssh_port, ssh_identity_file, network_interfaces)
     where: dict[str, Any] = {"hosts": host_lists.to_horovod(listed)}
     if ssh_port is not None:
         where["ssh_port"] = ssh_port

@@ -44,6 +44,23 @@ def ring_bytes_per_rank(n: int, size_bytes: float) -> float:
     return 2.0 * (n - 1) / n * size_bytes
 
 
+def ring_link_bytes(hosts_by_rank: list[str], size_bytes: float) -> dict[str, float]:
+    """Bytes each host sends over its network link in one ring all-reduce of ``size_bytes``, the ring in rank order
+    (Gloo's and NCCL's ring: rank r sends to rank r+1): every ring edge whose two ranks are on different hosts
+    carries :func:`ring_bytes_per_rank`; edges inside a host stay off the link.
+
+    Example:
+        >>> ring_link_bytes(["a", "a", "b", "b"], 8_000_000)   # edges 1->2 and 3->0 cross: 1.5 S each way
+        {'a': 12000000.0, 'b': 12000000.0}
+    """
+    n = len(hosts_by_rank)
+    out = dict.fromkeys(hosts_by_rank, 0.0)
+    for rank, host in enumerate(hosts_by_rank):
+        if n > 1 and hosts_by_rank[(rank + 1) % n] != host:
+            out[host] += ring_bytes_per_rank(n, size_bytes)
+    return out
+
+
 def ring_steps(n: int) -> int:
     """Sequential message steps of a ring all-reduce: n-1 to reduce-scatter plus n-1 to all-gather."""
     return 2 * (n - 1)

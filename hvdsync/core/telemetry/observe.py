@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdsync.core.telemetry import profiling, record, sysmetrics
+from hvdsync.core.telemetry import placement, profiling, record, sysmetrics
 from hvdsync.core.train.loop import Callback
 from hvdsync.core.telemetry.monitor import Alarms, fingerprint
 from hvdsync.core.telemetry.profiling import PHASES
@@ -65,9 +65,13 @@ class Observer(Callback):
         self.sampler = sysmetrics.NodeSampler() if sampling else None
         self.node = sysmetrics.node_id()
         b = self.backend
+        # Every rank names its host (a collective: the condition is the config's, the same on every rank).
+        hosts = [sysmetrics.row_text(r) for r in b.allgather(sysmetrics.text_row(placement.host_name(),
+                                                                                 placement.HOST_BYTES))] \
+            if self.cfg.tracking.enabled else []
         if b.rank == 0 and self.tracker.active:
             rec = record.build_record(self.cfg, b.framework, b.size)
-            self.tracker.log_params(record.record_params(rec))
+            self.tracker.log_params({**record.record_params(rec), **placement.placement_params(hosts)})
             with tempfile.TemporaryDirectory() as tmp:
                 for name, text in (("record.json", json.dumps(rec, indent=2)),
                                    ("config.yaml", _yaml(self.cfg.to_dict()))):

@@ -82,19 +82,31 @@ class NodeSampler:
         self._stop.set()
 
 
-def encode(sample: dict[str, float] | None, node: str = "") -> np.ndarray:
-    """A fixed-size float64 row carrying ``{"node": ..., "m": sample}`` as UTF-8 bytes (zeros: no sample), so that
-    every rank can take part in the same all-gather whether or not it samples."""
-    row = np.zeros(PAYLOAD_BYTES, dtype=np.float64)
-    if sample is not None:
-        data = json.dumps({"node": node, "m": {k: round(v, 2) for k, v in sample.items()}}).encode()[:PAYLOAD_BYTES]
-        row[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+def text_row(text: str, size: int) -> np.ndarray:
+    """``text`` as UTF-8 bytes in a fixed-size float64 row (cut at ``size`` bytes; zeros: no text), so that every
+    rank can put a string into the same numeric all-gather."""
+    row = np.zeros(size, dtype=np.float64)
+    data = text.encode()[:size]
+    row[:len(data)] = np.frombuffer(data, dtype=np.uint8)
     return row
+
+
+def row_text(row: np.ndarray) -> str:
+    """The text of a :func:`text_row` ('' for a row of zeros)."""
+    return bytes(np.asarray(row, dtype=np.float64).astype(np.uint8)).rstrip(b"\0").decode(errors="replace")
+
+
+def encode(sample: dict[str, float] | None, node: str = "") -> np.ndarray:
+    """A fixed-size row carrying ``{"node": ..., "m": sample}`` (zeros: no sample), so that every rank can take part
+    in the same all-gather whether or not it samples."""
+    if sample is None:
+        return text_row("", PAYLOAD_BYTES)
+    return text_row(json.dumps({"node": node, "m": {k: round(v, 2) for k, v in sample.items()}}), PAYLOAD_BYTES)
 
 
 def decode(row: np.ndarray) -> dict[str, float]:
     """``{"system/<node>/<metric>": value}`` from an :func:`encode` row ({} for a rank that does not sample)."""
-    data = bytes(np.asarray(row, dtype=np.float64).astype(np.uint8)).rstrip(b"\0")
+    data = row_text(row)
     if not data:
         return {}
     try:
