@@ -308,12 +308,14 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
 
 
 def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool = True,
-               log_dir: str | Path | None = None) -> list[dict]:
+               log_dir: str | Path | None = None, **where: Any) -> list[dict]:
     """Train several configs one after the other in *one* job of workers (one Horovod start-up for all); returns
     rank 0's result of each, as :meth:`FitResult.to_dict` plus ``numel``, ``wire_bytes_per_step_formula`` (what
     the codec's formula says one rank hands to Horovod per step), ``skipped_steps`` (mixed precision) and
     ``step_spread_max`` (with ``check_every_step``: the largest difference between the ranks' parameter
-    fingerprints after any step; 0.0 means identical after every step).
+    fingerprints after any step; 0.0 means identical after every step) and ``link_bytes`` (what rank 0's host sent
+    and received on the job's network interface during that config's training, from the interface's counters, where
+    ``network_interfaces`` names one). ``where``: the hosts, as :func:`train`.
 
     All configs must ask for the same ``train.np`` and the same Horovod knobs (the workers are started once).
 
@@ -331,5 +333,5 @@ def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool =
             raise ConfigError("train_many: every config must use the same train.np and Horovod knobs "
                               "(sync.fusion_threshold_mb, sync.cycle_time_ms, sync.cache_capacity)")
     results = run(worker.fit_many, args=([c.to_dict() for c in cfgs], check_every_step), np=first.train.np,
-                  sync=first.sync, quiet=quiet, progress=False, log_dir=log_dir)
+                  sync=first.sync, quiet=quiet, progress=False, log_dir=log_dir, **where)
     return results[0]

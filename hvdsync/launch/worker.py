@@ -73,7 +73,10 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
                 return loss
 
             backend.train_step = checked_step
+        before = _link_counters()
         result = fit_loop(cfg, backend, data).to_dict()
+        after = _link_counters()
+        result["link_bytes"] = {k: after[k] - before[k] for k in after} if after else None
         codec = get_codec(cfg.sync.compression)
         params = backend.parameters()
         result["numel"] = int(sum(p.size for p in params))
@@ -84,6 +87,16 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
         result["config"] = cfg.to_dict()
         out.append(result)
     return out
+
+
+def _link_counters() -> dict[str, int]:
+    """Bytes this host sent and received so far on the interface Horovod's Gloo uses (``HOROVOD_GLOO_IFACE``, set
+    when the job names its network interfaces); {} where the job runs over loopback or names none."""
+    import psutil
+
+    iface = os.environ.get("HOROVOD_GLOO_IFACE", "")
+    counters = psutil.net_io_counters(pernic=True).get(iface) if iface and iface != "lo" else None
+    return {"sent": counters.bytes_sent, "received": counters.bytes_recv} if counters else {}
 
 
 def fit_elastic(cfg_dict: dict, record_reads: bool) -> dict:
