@@ -115,7 +115,6 @@ class TestHosts:
         self.dir = Path(run_dir) if run_dir else Path(tempfile.gettempdir()) / f"hvdsync-testhosts-{prefix}"
         self.holders: dict[str, int] = {}   # host -> pid of the process that holds its UTS namespace (host name)
         self.sshd: dict[str, int] = {}      # host -> sshd pid
-        self._made_privsep = False
         self._known_before: list[str] = _known_hosts_lines()  # lines of ~/.ssh/known_hosts that down() keeps
 
     # -- what users and tests need ---------------------------------------------------------------------------
@@ -222,9 +221,9 @@ class TestHosts:
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hvdsync-testhosts", "-f", str(self.key)])
         (self.dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.dir / "host_key")])
-        if not os.path.isdir("/run/sshd"):  # sshd's privilege separation folder; Debian's service makes it
-            os.makedirs("/run/sshd", mode=0o755)
-            self._made_privsep = True
+        # sshd's privilege separation folder (Debian's ssh service makes it at boot). Made where missing and never
+        # removed: it is the system's, an empty folder, and another session's sshd may be starting with it.
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         _run(["ip", "netns", "add", self.switch])
         _run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
         _run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
@@ -292,9 +291,6 @@ class TestHosts:
         _forget_known_hosts({h.address for h in self.hosts} | {h.name for h in self.hosts}, self.ssh_port,
                             keep=set(self._known_before))
         shutil.rmtree(self.dir, ignore_errors=True)
-        if self._made_privsep:
-            with contextlib.suppress(OSError):
-                os.rmdir("/run/sshd")
         self.holders, self.sshd = {}, {}
 
     def __enter__(self) -> TestHosts:
@@ -307,7 +303,7 @@ class TestHosts:
     def _save(self) -> None:
         state = {"hosts": [asdict(h) for h in self.hosts], "switch": self.switch, "rate": self.rate,
                  "ssh_port": self.ssh_port, "holders": self.holders, "sshd": self.sshd,
-                 "made_privsep": self._made_privsep, "known_before": self._known_before}
+                 "known_before": self._known_before}
         (self.dir / "state.json").write_text(json.dumps(state, indent=1))
 
     @classmethod
@@ -318,7 +314,7 @@ class TestHosts:
         state = json.loads(path.read_text())
         self = cls(len(state["hosts"]), prefix=prefix, rate=state["rate"], ssh_port=state["ssh_port"])
         self.hosts = [Host(**h) for h in state["hosts"]]
-        self.holders, self.sshd, self._made_privsep = state["holders"], state["sshd"], state["made_privsep"]
+        self.holders, self.sshd = state["holders"], state["sshd"]
         self._known_before = state.get("known_before", [])
         return self
 

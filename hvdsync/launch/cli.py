@@ -4,6 +4,7 @@
     hvdsync train --hosts a:2,b:2 --np 4 [--network-interface eth0] [--ssh-port 22] [--ssh-identity-file KEY]
     hvdsync train --hostfile hosts.txt --np 4           # or --hosts slurm inside a Slurm allocation
     hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir DIR [--resume]
+    hvdsync train --elastic --hosts a:2,b:2 --np 4 --min-np 2 --max-np 4 --network-interface eth0 --log-dir RUN
     hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
     hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/launch/runs.py)
     hvdsync sweep --set sync.compression=none,fp16 --set sync.accumulate=1,4 [train options]
@@ -52,7 +53,8 @@ def _train_options(t: argparse.ArgumentParser) -> None:
     for flag, field in SHORTCUTS.items():
         t.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"shortcut for --set {field}=...")
     t.add_argument("--elastic", action="store_true", help="elastic job: survives lost workers, grows back "
-                   "(local hosts from a discovery script in --log-dir; see hvdsync.launch.elastic)")
+                   "(hosts from a discovery script that prints the file 'hosts' in --log-dir: this machine's "
+                   "names, or --hosts/--hostfile; see hvdsync.launch.elastic)")
     t.add_argument("--resume", action="store_true", help="elastic: start from the newest valid checkpoint")
     t.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     t.add_argument("--timeline", action="store_true", help="record Horovod's timeline and its per-tensor chart")
@@ -116,10 +118,9 @@ def _train(ns: argparse.Namespace) -> int:
     if cfg.elastic.enabled:
         from hvdsync.launch import elastic as elastic_launch
 
-        if where:  # an elastic job finds its hosts with a discovery script (hvdsync.launch.elastic)
-            raise ConfigError("--hosts/--hostfile/--network-interface/--ssh-*: not supported with --elastic yet; an "
-                              "elastic job takes its hosts from a discovery script (hvdsync.launch.elastic)")
-        result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
+        # With --hosts/--hostfile the discovery script starts from those hosts and their slots; its `hosts` file in
+        # --log-dir stays editable while the job runs (hvdsync.launch.elastic).
+        result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
     else:
         result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
     for message in getattr(result, "warnings", []):  # monitor alarms, a store that did not answer: once each

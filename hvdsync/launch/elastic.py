@@ -1,4 +1,4 @@
-"""Elastic Horovod jobs on this machine: a host-discovery script over loopback names, fault injection, clear errors.
+"""Elastic Horovod jobs, on this machine or across hosts: a host-discovery script, fault injection, clear errors.
 
 Horovod's elastic driver (``horovod.runner.run(..., host_discovery_script=...)``) asks a script every second which
 hosts exist; workers come and go with the hosts it prints. On one machine hvdsync writes that script into the run
@@ -9,6 +9,15 @@ name resolves to a local address, and it keys hosts by *name*, so each name is o
 because Horovod excludes (blacklists) a whole host when one of its workers fails; with ``elastic.cooldown_min_s``
 the host may come back after a cooldown, and the job grows again. Traffic stays on the loopback interface
 (``network_interfaces=["lo"]``), which also lifts Horovod's rule that an elastic job needs two hosts at the start.
+
+Across hosts (``hosts="node1:2,node2:2"``, a list of :class:`~hvdsync.launch.hosts.Host`, or names of other
+machines) the same script prints the given hosts with their slots, Horovod starts the workers over ssh
+(``ssh_port``, ``ssh_identity_file``) and they talk over ``network_interfaces``; ``hosts`` stays editable, as a
+cluster manager would change it (a lost node taken out, a repaired one put back). A lost host is blacklisted by
+Horovod when its workers die; it is taken back after ``elastic.cooldown_min_s`` (never, with the default 0). The
+run folder and ``elastic.checkpoint_dir`` must be on a file system every host sees: the workers write their pids,
+errors and rank 0's progress there, and rank 0, which may move to another host after a reset, writes the
+checkpoints. The driver (this process) must be reachable from every host, so launch it on one of them.
 
 How a job ends, and what hvdsync makes of it:
 
@@ -33,17 +42,27 @@ import shutil
 import socket
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.loop import FAULTS_ENV, RUN_DIR_ENV
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
-from hvdsync.launch import worker
+from hvdsync.launch import hosts as host_lists
+from hvdsync.launch import reach, worker
+from hvdsync.launch.hosts import Host
 from hvdsync.launch.local import WorkerError, environ, preflight, run
 
 DISCOVERY = "discover_hosts.sh"
 GLOO_TIMEOUT_S = 180  # see run_elastic
+# Added to the ssh command Horovod starts remote workers with (see _ssh_options): a host that vanishes without a word
+# (power, cable, kernel panic: no FIN ever reaches the driver) leaves its workers' ssh clients waiting until TCP
+# keepalive (two hours by default), and the driver re-forms the ring only once every slot of the old one has reported
+# (its registry barrier counts the lost host's slots too). With a keepalive ssh gives up after 5 s x 3 unanswered
+# probes, exits 255, and the host is blacklisted like one whose workers died. ConnectTimeout: a host put back in
+# ``hosts`` while still down fails in seconds, not after the kernel's connect retries (71.5 s measured to a test host
+# whose link was down, against 3.1 s with it; about two minutes where SYNs are dropped).
+SSH_OPTIONS = "-o ServerAliveInterval=5 -o ServerAliveCountMax=3 -o ConnectTimeout=10"
 
 
 def local_hosts() -> list[str]:
@@ -60,15 +79,27 @@ def local_hosts() -> list[str]:
     return found
 
 
-def set_hosts(run_dir: str | Path, hosts: list[str]) -> None:
-    """Replace the hosts the discovery script reports (atomically: the driver never reads half a file)."""
+def host_list(hosts, source: str = "hosts") -> list[Host]:
+    """``hosts`` as :class:`Host` objects: ``"a:2,b:2"``, or a list of names (1 slot each), ``name:slots`` strings
+    and :class:`Host` objects. Syntax errors and a host listed twice are one :class:`ConfigError` line."""
+    items = [hosts] if isinstance(hosts, str) else list(hosts)
+    listed: list[Host] = []
+    for item in items:
+        listed += [item] if isinstance(item, Host) else host_lists.parse_hosts(str(item), source)
+    return host_lists.check_duplicates(listed, source)
+
+
+def set_hosts(run_dir: str | Path, hosts) -> None:
+    """Replace the hosts the discovery script reports (atomically: the driver never reads half a file). ``hosts``:
+    names (one slot each: the one-machine case), ``name:slots`` strings or :class:`Host` objects
+    (see :func:`host_list`)."""
     path = Path(run_dir) / "hosts"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{h}:1\n" for h in hosts))
+    tmp.write_text("".join(f"{h}\n" for h in host_list(hosts)))
     os.replace(tmp, path)
 
 
-def write_discovery(run_dir: str | Path, hosts: list[str]) -> Path:
+def write_discovery(run_dir: str | Path, hosts) -> Path:
     """Write ``discover_hosts.sh`` (prints ``hosts``) and the first host list; returns the script's path."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,28 +130,98 @@ class _DriverLog(logging.Handler):
         self.messages.append(text)
 
 
-def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path, hosts: list[str] | None = None,
+def placement(elastic, np: int, hosts=None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
+              network_interfaces: list[str] | None = None) -> tuple[list[Host], dict]:
+    """The first hosts and ``horovod.runner.run``'s placement arguments, checked before anything starts.
+
+    On one machine (no ``hosts``, or only names of this machine with one slot each, and no interfaces): the names
+    of :func:`local_hosts`, Gloo over ``lo``, ``elastic.max_np`` at most the number of those names (each is one
+    host a test or a person can add). Across hosts: the given hosts with their slots; ``elastic.min_np``,
+    ``train.np`` and ``elastic.max_np`` must fit their slots, and the checks of a multi-host job apply
+    (:mod:`hvdsync.launch.hosts`, and one ssh per remote host: :mod:`hvdsync.launch.reach`). Each problem is one
+    :class:`ConfigError` line.
+    """
+    names = local_hosts()
+    listed = None if hosts is None else host_list(hosts)
+    ssh = {k: v for k, v in (("ssh_port", ssh_port), ("ssh_identity_file", ssh_identity_file)) if v is not None}
+    if listed is None and (ssh or network_interfaces):
+        raise ConfigError("--network-interface/--ssh-port/--ssh-identity-file: only with --hosts or --hostfile in an "
+                          "elastic job; without them its workers run on this machine and talk over lo")
+    one_machine = listed is None or (not network_interfaces and all(h.name in names and h.slots == 1 for h in listed))
+    if one_machine and elastic.max_np > len(names):
+        raise ConfigError(f"elastic.max_np: {elastic.max_np} is not allowed on this machine; it has "
+                          f"{len(names)} local host names ({', '.join(names)})")
+    first = listed if listed is not None else [Host(name) for name in names[:np]]
+    slots, shown = sum(h.slots for h in first), host_lists.to_horovod(first)
+    # Fewer slots than min_np or np: Horovod's driver would wait for them for elastic.timeout_s, then fail.
+    if elastic.min_np > slots:
+        raise ConfigError(f"elastic.min_np: {elastic.min_np} workers needed but the hosts have {slots} slots "
+                          f"({shown}); lower elastic.min_np (--min-np) or give the hosts more slots")
+    host_lists.check_slots(first, np)
+    if one_machine:
+        return first, {**ssh, "network_interfaces": ["lo"]}
+    if elastic.max_np > slots:
+        raise ConfigError(f"elastic.max_np: {elastic.max_np} is not allowed with these hosts; they have {slots} "
+                          f"slots ({shown}); lower elastic.max_np (--max-np) to {slots} or give the hosts more slots")
+    if not network_interfaces:
+        if all(h.name in names for h in first):
+            network_interfaces = ["lo"]  # one machine after all (e.g. localhost:2): lo, as above
+        elif len(first) < 2:
+            # Horovod finds the interfaces common to all hosts only between two or more of them; with one it waits
+            # for a second until elastic.timeout_s and fails with "Timed out waiting for ... two hosts".
+            raise ConfigError(f"--network-interface: needed for an elastic job that starts on one host ({shown}); "
+                              "name the interface its workers talk over, e.g. --network-interface eth0")
+    problem = host_lists.loopback_problem(first, local_names=names)
+    if problem:
+        raise ConfigError(f"hosts: {problem}")
+    # One short ssh per remote host, as a fixed-host job does: an unreachable host, a refused key or a missing
+    # interface is one line now, not Horovod's elastic timeout later. Hosts added to ``hosts`` later are not checked
+    # here: a bad one only fails its own workers, and Horovod blacklists it.
+    reach.check_hosts(first, ssh_port, ssh_identity_file, network_interfaces)
+    options: dict = dict(ssh)
+    if network_interfaces:
+        options["network_interfaces"] = list(network_interfaces)
+    return first, options
+
+
+@contextlib.contextmanager
+def _ssh_options() -> Iterator[None]:
+    """Add :data:`SSH_OPTIONS` to the ssh command Horovod starts remote workers with, while a job runs (Horovod
+    0.28.1 builds it from a module constant and takes no ssh options)."""
+    from horovod.runner.util import remote
+
+    saved = remote.SSH_COMMAND_PREFIX
+    remote.SSH_COMMAND_PREFIX = f"{saved} {SSH_OPTIONS}"
+    try:
+        yield
+    finally:
+        remote.SSH_COMMAND_PREFIX = saved
+
+
+def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path, hosts=None,
                 sync=None, env: dict[str, str] | None = None, faults: str = "", quiet: bool = True,
-                progress: bool = True) -> list:
-    """Run ``fn(*args)`` as an elastic job on local "hosts" (see the module docstring); returns the results.
+                progress: bool = True, ssh_port: int | None = None, ssh_identity_file: str | None = None,
+                network_interfaces: list[str] | None = None) -> list:
+    """Run ``fn(*args)`` as an elastic job (see the module docstring); returns the results.
 
     Args:
         elastic: the :class:`~hvdsync.config.ElasticConfig` (min/max workers, timeout, cooldown).
         np: workers at the start.
         run_dir: the run folder (discovery script, ``hosts``, worker log, pids, errors).
-        hosts: the first hosts (default: the first ``np`` of :func:`local_hosts`).
+        hosts: the first hosts. Default: the first ``np`` of :func:`local_hosts`, one slot each. Across hosts:
+            ``"node1:2,node2:2"`` or a list of :class:`~hvdsync.launch.hosts.Host` (``--hosts``, ``--hostfile``).
+        ssh_port, ssh_identity_file: how Horovod's driver reaches the other hosts.
+        network_interfaces: the interfaces the workers talk over (default: ``lo`` on one machine; across hosts,
+            the ones Horovod finds common to the first hosts).
         faults: fault injection, e.g. ``"kill@7:127.0.0.1"``.
     """
     import horovod.runner as horovod_runner  # noqa: F401 - fails early and clearly when Horovod is missing
 
     run_dir = Path(run_dir)
-    names = local_hosts()
-    if elastic.max_np > len(names):
-        raise ConfigError(f"elastic.max_np: {elastic.max_np} is not allowed on this machine; it has "
-                          f"{len(names)} local host names ({', '.join(names)})")
-    script = write_discovery(run_dir, hosts if hosts is not None else names[:np])
+    first, where = placement(elastic, np, hosts, ssh_port, ssh_identity_file, network_interfaces)
+    script = write_discovery(run_dir, first)
     options = {"min_num_proc": elastic.min_np, "max_num_proc": elastic.max_np, "host_discovery_script": str(script),
-               "network_interfaces": ["lo"]}
+               **where}
     if elastic.cooldown_min_s:
         options["cooldown_range"] = (elastic.cooldown_min_s, elastic.cooldown_max_s)
     # Horovod 0.28.1 corrupts its heap when it re-initialises (every elastic reset) after HOROVOD_FUSION_THRESHOLD
@@ -138,9 +239,12 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
         # The driver reads its timeout from the environment of this process. Gloo's own timeout bounds how long the
         # ranks of a new ring wait for each other in hvd.init(): a joining worker must start (import TensorFlow,
         # seconds on a busy machine) within it, or the waiting survivor aborts in C++ (gloo::IoException, not a
-        # Python error). Horovod's 30 s default is too short there.
+        # Python error). Horovod's 30 s default is too short there. Across hosts it is also how long the survivors
+        # wait in a collective for a host that vanished without closing its connections (tests/hosts/test_elastic.py
+        # measures it): lower it in the environment for faster recovery where workers start fast.
         gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
-        with environ({"HOROVOD_ELASTIC_TIMEOUT": str(elastic.timeout_s), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout}):
+        timeouts = {"HOROVOD_ELASTIC_TIMEOUT": str(elastic.timeout_s), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout}
+        with environ(timeouts), _ssh_options():
             results = run(fn, args=args, np=np, env=worker_env, quiet=quiet, progress=progress,
                           log_dir=run_dir, runner_options=options)
     except WorkerError as exc:
@@ -180,20 +284,33 @@ def _raise_clear(run_dir: Path, driver_log: list[str], elastic, exc: Exception |
 
 
 def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None,
-          faults: str = "", record_reads: bool = False, hosts: list[str] | None = None):
+          faults: str = "", record_reads: bool = False, hosts=None, ssh_port: int | None = None,
+          ssh_identity_file: str | None = None, network_interfaces: list[str] | None = None):
     """Train elastically as ``cfg`` says (``cfg.elastic``); returns rank 0's :class:`ElasticResult`.
+
+    ``hosts``, ``ssh_port``, ``ssh_identity_file``, ``network_interfaces``: where, as :func:`run_elastic` says
+    (default: this machine). Every config and host-list error is raised before any worker starts.
 
     Example:
         >>> cfg = Config.from_dict({"elastic": {"enabled": True, "checkpoint_dir": "ckpt"}})   # doctest: +SKIP
         >>> print(train(cfg).summary())                                                        # doctest: +SKIP
+        >>> train(cfg, hosts="node1:2,node2:2", ssh_identity_file="~/.ssh/id_ed25519",        # doctest: +SKIP
+        ...       network_interfaces=["eth0"])
     """
     from hvdsync.core.elastic.loop import ElasticResult
 
     preflight(cfg)
     own = log_dir is None
     run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-elastic-"))
-    results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, cfg.train.np, run_dir,
-                          hosts=hosts, sync=cfg.sync, faults=faults, quiet=quiet, progress=progress)
+    try:
+        results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, cfg.train.np, run_dir,
+                              hosts=hosts, sync=cfg.sync, faults=faults, quiet=quiet, progress=progress,
+                              ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
+                              network_interfaces=network_interfaces)
+    except ConfigError:  # stopped before anything started: nothing in our folder worth keeping
+        if own:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     if own:
         shutil.rmtree(run_dir, ignore_errors=True)
     return ElasticResult(**results[0])

@@ -57,12 +57,14 @@ def test_down_leaves_nothing_behind():
     before = _known_hosts_lines()
     hosts = TestHosts(2, prefix=f"hvdgone{os.getpid()}", subnet="10.77.2").up()
     run_dir, spaces = hosts.dir, [h.namespace for h in hosts.hosts] + [hosts.switch]
-    out = hosts.run("node1", ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-i", str(hosts.key),
-                              hosts.host("node2").address, "true"], timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert len(_known_hosts_lines()) == len(before) + 1   # ssh recorded 10.77.2.2 (StrictHostKeyChecking=no)
-    sshd = list(hosts.sshd.values())
-    hosts.down()
+    try:
+        out = hosts.run("node1", ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-i",
+                                  str(hosts.key), hosts.host("node2").address, "true"], timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert len(_known_hosts_lines()) == len(before) + 1   # ssh recorded 10.77.2.2 (StrictHostKeyChecking=no)
+        sshd = list(hosts.sshd.values())
+    finally:
+        hosts.down()
     assert not any(Path(f"/run/netns/{ns}").exists() for ns in spaces)
     assert not any(Path(f"/etc/netns/{ns}").exists() for ns in spaces)
     assert not run_dir.exists()
