@@ -1,11 +1,14 @@
-"""Start a TensorFlow Horovod worker: ``hvd.init()``, threads, seeds, determinism."""
+"""Start a TensorFlow Horovod worker: ``hvd.init()``, its GPU, threads, seeds, determinism."""
 from __future__ import annotations
+
+import os
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
 from hvdsync.core.train import seeding
+from hvdsync.core.train.gpus import check_not_shared, driver_cuda, gpu_placement, present_gpus, visible_gpus
 from hvdsync.core.telemetry.observe import prepare_timeline
 from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
@@ -22,14 +25,32 @@ def _set_threads(n: int) -> None:
         warnings.warn(f"hvdsync: TensorFlow threads already fixed, not set to {n} per worker ({exc})", stacklevel=3)
 
 
-def _pin_gpu(local_rank: int) -> None:
-    # One GPU per worker, picked by the local rank (Horovod's first rule), with memory grown on demand so that the
-    # workers of one host do not each reserve every GPU. tensorflow-cpu sees no GPU: nothing to do.
+def _pin_gpu(info: WorkerInfo) -> None:
+    # One GPU per worker, picked by the local rank (Horovod's first rule; hvdsync.core.train.gpus), with memory grown on
+    # demand so that the workers of one host do not each reserve every GPU. tensorflow-cpu sees no GPU: nothing to do.
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        gpu = gpus[local_rank % len(gpus)]
-        tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpu, "GPU")
+    facts = _cuda_facts(len(gpus))
+    index = gpu_placement(info.local_rank, info.local_size, **facts)
+    if index is not None:
+        check_not_shared(index, info, facts["visible"], hvd.allgather_object)
+        tf.config.experimental.set_memory_growth(gpus[index], True)
+        tf.config.set_visible_devices(gpus[index], "GPU")
+
+
+def _cuda_facts(visible: int) -> dict:
+    """What :func:`gpu_placement` decides from, as TensorFlow sees it (the driver is asked only when TensorFlow's CUDA
+    build sees no GPU)."""
+    build = tf.sysconfig.get_build_info()
+    cuda_build = build.get("cuda_version") if build.get("is_cuda_build") else None
+    facts = {"visible": visible, "framework": f"TensorFlow {tf.__version__}", "cuda_build": cuda_build,
+             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+             # TensorFlow's GPU wheels leave CUDA's libraries to the `and-cuda` extra: without it no GPU is seen.
+             "hint": f"its CUDA {str(cuda_build).split('.')[0]} libraries are likely missing (pip install "
+                     f"'tensorflow[and-cuda]=={tf.__version__}'; TensorFlow's start-up lines name the library)"}
+    if visible == 0 and cuda_build:
+        facts["present"] = visible_gpus(present_gpus(), facts["cuda_visible_devices"])
+        facts["driver_cuda"] = driver_cuda() if facts["present"] else None
+    return facts
 
 
 def init(cfg=None) -> WorkerInfo:
@@ -41,6 +62,10 @@ def init(cfg=None) -> WorkerInfo:
     dropout masks differ, as they should) until :func:`~hvdsync.tensorflow.broadcast_state` copies rank 0's. Rank 0's
     seed does not depend on the world size, so a 1-worker and an N-worker run start from the same model. Call
     ``init`` before the first TensorFlow op, so that the per-worker thread count can still be set.
+
+    GPUs as in :func:`hvdsync.torch.init`: one per worker (:func:`gpu_placement`), and more ranks on a host than
+    GPUs, or GPUs that TensorFlow's CUDA build cannot use, stop here with one line; ``CUDA_VISIBLE_DEVICES`` is
+    honoured (empty: the CPU).
     """
     from hvdsync.config import Config
 
@@ -53,7 +78,7 @@ def init(cfg=None) -> WorkerInfo:
     hvd.init()
     report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-    _pin_gpu(info.local_rank)
+    _pin_gpu(info)
     _set_threads(seeding.threads_per_worker(info.local_size))
     keras.utils.set_random_seed(cfg.train.seed)  # TensorFlow's seed and Keras' global generator (reset)
     seeding.seed_python_and_numpy(seeding.rank_seed(cfg.train.seed, info.rank))

@@ -1,10 +1,13 @@
-"""Start a PyTorch Horovod worker: ``hvd.init()``, threads, seeds, determinism."""
+"""Start a PyTorch Horovod worker: ``hvd.init()``, its GPU, threads, seeds, determinism."""
 from __future__ import annotations
+
+import os
 
 import horovod.torch as hvd
 import torch
 
 from hvdsync.core.train import seeding
+from hvdsync.core.train.gpus import check_not_shared, driver_cuda, gpu_placement, present_gpus, visible_gpus
 from hvdsync.core.telemetry.observe import prepare_timeline
 from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
@@ -17,8 +20,10 @@ def init(cfg=None) -> WorkerInfo:
     rank 0 says so once): a plain ``horovodrun`` script gets what the config says, as under hvdsync's launcher.
 
     Every rank seeds torch with the *global* seed (so models start identical, as a 1-worker run would) and Python
-    and numpy with its *rank* seed (for what should differ between ranks). Where CUDA is available each worker is
-    pinned to the GPU of its local rank (:func:`device`).
+    and numpy with its *rank* seed (for what should differ between ranks). Where torch can use CUDA each worker is
+    pinned to one GPU of its own, the one of its local rank (:func:`gpu_placement`); more ranks on a host than GPUs,
+    or GPUs that torch's CUDA build cannot use, stop here with one line saying what was found and what to do, rather
+    than as an NCCL error later or a silent run on the CPU. ``CUDA_VISIBLE_DEVICES`` is honoured (empty: the CPU).
     """
     from hvdsync.config import Config
 
@@ -30,9 +35,12 @@ def init(cfg=None) -> WorkerInfo:
     hvd.init()
     report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-    if torch.cuda.is_available():
-        # One GPU per worker: the local rank picks it (Horovod's first rule; NCCL then all-reduces GPU tensors).
-        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+    facts = _cuda_facts()
+    index = gpu_placement(info.local_rank, info.local_size, **facts)
+    if index is not None:
+        check_not_shared(index, info, facts["visible"], hvd.allgather_object)
+        # One GPU per worker (Horovod's first rule; NCCL then all-reduces GPU tensors).
+        torch.cuda.set_device(index)
     torch.set_num_threads(seeding.threads_per_worker(info.local_size))
     torch.manual_seed(cfg.train.seed)
     seeding.seed_python_and_numpy(seeding.rank_seed(cfg.train.seed, info.rank))
@@ -44,3 +52,15 @@ def init(cfg=None) -> WorkerInfo:
 def device() -> torch.device:
     """This worker's device: its pinned GPU where CUDA is available, else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _cuda_facts() -> dict:
+    """What :func:`gpu_placement` decides from, as torch sees it (the driver is asked only when torch cannot use it)."""
+    usable = torch.cuda.is_available()
+    facts = {"visible": torch.cuda.device_count() if usable else 0, "framework": f"torch {torch.__version__}",
+             "cuda_build": torch.version.cuda, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+             "hint": "torch.cuda.is_available() is False; the warning torch printed says why"}
+    if not usable and torch.version.cuda:
+        facts["present"] = visible_gpus(present_gpus(), facts["cuda_visible_devices"])
+        facts["driver_cuda"] = driver_cuda() if facts["present"] else None
+    return facts
