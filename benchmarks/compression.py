@@ -100,13 +100,17 @@ def summarise(result: dict) -> dict:
     }
 
 
+def baseline(rows: list[dict], row: dict, same: tuple[str, ...]) -> dict:
+    """The ``none`` run that ``row``'s ratios are to: the one that agrees with it on the keys ``same``."""
+    return next(b for b in rows if b["compression"] == "none" and all(b[k] == row[k] for k in same))
+
+
 def table(rows: list[dict]) -> str:
     """One table for all runs; each run's ratios are to ``none`` of the same framework and model."""
     lines = [f"{'framework':<10} {'model':<5} {'params':>9} {'codec':<12} {'bytes/step':>12} {'x fewer':>8} "
              f"{'step ms':>8} {'x time':>7} {'sync %':>7} {'accuracy':>9} {'ranks equal':>11}"]
     for r in rows:
-        base = next(b for b in rows if b["compression"] == "none" and (b["framework"], b["model"]) ==
-                    (r["framework"], r["model"]))
+        base = baseline(rows, r, ("framework", "model"))
         r["bytes_ratio"] = base["bytes_per_step"] / r["bytes_per_step"]
         r["time_ratio"] = r["step_ms"] / base["step_ms"]
         r["accuracy_delta"] = r["accuracy"] - base["accuracy"]

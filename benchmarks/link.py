@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compression import CODECS, configs  # noqa: E402 - the same models and codecs as the loopback suite
+from compression import CODECS, baseline, configs  # noqa: E402 - the same models and codecs as the loopback suite
 
 from hvdlab.bench import suite  # noqa: E402
 
@@ -81,8 +81,7 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'rate':<8} {'framework':<10} {'codec':<11} {'link B/step':>12} {'link/wire':>9} {'step ms':>8} "
              f"{'x none':>7} {'sync %':>7} {'model ms':>9} {'pred/meas':>9} {'accuracy':>9}"]
     for r in rows:
-        base = next(b for b in rows if b["compression"] == "none" and (b["rate"], b["framework"]) ==
-                    (r["rate"], r["framework"]))
+        base = baseline(rows, r, ("rate", "framework"))
         r["time_ratio"] = r["step_ms"] / base["step_ms"]
         predicted = f"{r['predicted_ms']:>9.1f} {r['predicted_ms'] / r['step_ms']:>9.2f}" if r["predicted_ms"] \
             else f"{'-':>9} {'-':>9}"
