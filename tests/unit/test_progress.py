@@ -79,3 +79,22 @@ def test_a_closed_stream_is_not_a_terminal():
     stream = io.StringIO()
     stream.close()
     assert not draws_in_place(stream)
+
+
+def test_rank_0_on_a_host_without_the_launchers_folder_prints_plain_lines(monkeypatch, capsys, tmp_path):
+    # The launcher's progress file lives on the launcher's machine; rank 0 on another host without a shared file
+    # system has no such folder: it must train and show plain lines, not fail opening the file.
+    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "not-on-this-host" / "progress.jsonl"))
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL_S", 0.0)
+    bar = Progress(2, 0, desc="torch x4")
+    bar.update()
+    bar.update()
+    bar.close()
+    assert capsys.readouterr().err.splitlines()[-1].startswith("torch x4: 2/2 (100%)")
+    assert not (tmp_path / "not-on-this-host").exists()
+    here = tmp_path / "progress.jsonl"                  # and where the folder is there, the file gets the records
+    monkeypatch.setenv(PROGRESS_ENV, str(here))
+    bar = Progress(2, 0, desc="torch x4")
+    bar.update()
+    bar.close()
+    assert here.read_text().splitlines()[0] == '{"total": 2, "desc": "torch x4"}'

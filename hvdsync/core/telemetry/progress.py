@@ -94,7 +94,9 @@ class Progress:
         if rank != 0:
             return
         path = os.environ.get(PROGRESS_ENV)
-        if path:
+        # The launcher's file is on the launcher's machine: where rank 0 runs on another host without a shared file
+        # system, its folder is not here, and rank 0 prints plain progress lines instead (into the workers' log).
+        if path and os.path.isdir(os.path.dirname(path) or "."):
             self._file = open(path, "a", buffering=1)
             self._emit({"total": total, "desc": desc})
         else:
