@@ -44,7 +44,5 @@ docker-gpu:
 	python3 docker/build.py gpu
 
 # Opt-in tests: build both images, run the demo and the smoke test in the CPU one, check-build in the GPU one.
-docker-# The multi-host tests (tests/hosts) need sshd and iproute2 from the system: installed here where this runs as root.
-test: install
-	bash scripts/install_test_hosts.sh
+docker-test: install
 	$(PY) -m pytest -m docker tests/docker -v
