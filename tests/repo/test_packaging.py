@@ -88,6 +88,16 @@ def test_ci_runs_the_readme_test_command_and_nothing_else():
     assert "make demo" in first_block and "make test" in first_block
 
 
+def test_every_make_target_parses_and_test_runs_the_test_hosts_setup_then_pytest():
+    # `make -n` reads the whole Makefile: a recipe line written into the wrong place breaks every target, CI's too.
+    targets = re.findall(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.M)[0].split()
+    for target in targets:
+        out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, (target, out.stderr)
+    test = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    assert [line.split()[-1] for line in test[-2:]] == ["scripts/install_test_hosts.sh", "pytest"], test
+
+
 def test_each_horovod_patch_says_why_and_which_upstream_change():
     patches = sorted((ROOT / "scripts" / "horovod-patches").glob("*.patch"))
     assert len(patches) >= 2
