@@ -186,8 +186,10 @@ def test_losing_a_host_shrinks_the_job_onto_the_survivors(story):
     lost_from = next(i for i, row in enumerate(result["timeline"]) if row[0] > seen["lost_at"])
     assert set(sizes[:lost_from]) == {4} and sizes[lost_from] == 2   # 4 workers, then the 2 on node1
     assert seen["resets_first"][0][:3] == ("worker lost", 4, 2)
-    # At most Gloo's timeout to notice (no FIN from a lost host), then the ring re-formed within seconds.
-    assert seen["recovery_s"] < GLOO_TIMEOUT_S + 30
+    # Gloo's timeout to notice (no FIN from a lost host), then the driver's wait for the lost host's ssh sessions to
+    # end (the keepalive: 3 x 5 s), then a new ring and its first step: 45-80 s measured on 2 busy cores. Without the
+    # keepalive the driver would wait for TCP's own (two hours) and this test would time out instead.
+    assert seen["recovery_s"] < GLOO_TIMEOUT_S + 75
 
 
 def test_the_returned_host_grows_the_job_back_to_four(story):
