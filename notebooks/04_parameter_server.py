@@ -104,12 +104,15 @@ for world in (4, 8):
               f"a ring rank's bytes, other ranks {p.traffic.sent[1] / a.traffic.sent[1]:.2f}x; parameters vs ring {diff:.1e}")
         assert diff < 1e-10
 worlds = np.array([2, 4, 8, 16, 32, 64])
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+# A figure is made and shown in one cell: the inline backend shows and closes it at the end of the cell.
+fig, a1 = plt.subplots(figsize=(6, 3.6))
 for pattern, label in (("ps", "single server (rank 0)"), ("sharded_ps", "sharded PS (any rank)"),
                        ("ring", "ring (any rank)")):
     a1.plot(worlds, [costmodel.busiest_rank_bytes(pattern, 1.0, int(w)) for w in worlds], "o-", label=label)
 a1.set_xscale("log", base=2), a1.set_xlabel("workers W"), a1.set_ylabel("bytes sent per step (multiples of S)")
 a1.set_title("busiest rank's traffic"), a1.legend()
+plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## 3 · Time: the patterns measured, and the model's ranking
@@ -133,6 +136,7 @@ for p in med:
                                   for s, t in zip(SIZES, med[p])))
 assert all(all(r["correct"].values()) for r in per_rank)
 x = np.arange(len(SIZES))
+fig, a2 = plt.subplots(figsize=(6, 3.6))
 for i, p in enumerate(med):
     a2.bar(x + 0.27 * (i - 1), np.array(med[p]) * 1e3, 0.27, label=p)
 a2.set_xticks(x, [f"{s / 2**20:.0f} MiB" for s in SIZES]), a2.set_ylabel("ms (median)")

@@ -69,13 +69,16 @@ assert max(gap.values()) <= 0.02
 for name in ("gossip H=1", "gossip H=4"):
     assert all(after < before for _, before, after in runs[name]["consensus"][1:])
 
-fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+# A figure is made and shown in one cell: the inline backend shows and closes it at the end of the cell.
+fig, a1 = plt.subplots(figsize=(6, 3.6))
 for name, marker in (("gossip H=1", "."), ("gossip H=4", "o")):
     rec = np.array(runs[name]["consensus"][1:])
     a1.plot(rec[:, 0], rec[:, 1], marker, ms=3, label=f"{name}: before mixing")
     a1.plot(rec[:, 0], np.maximum(rec[:, 2], 1e-9), marker, ms=3, label=f"{name}: after (exact average at W=2)")
 a1.set_yscale("log"), a1.set_xlabel("step"), a1.set_ylabel("consensus distance"), a1.legend(fontsize=7)
 a1.set_title("2 Horovod workers")
+plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## 2 · More ranks, simulated: ranks that start apart are pulled together
@@ -86,6 +89,7 @@ a1.set_title("2 Horovod workers")
 
 # %%
 data = digits()
+fig, a2 = plt.subplots(figsize=(6, 3.6))
 for world in (4, 8, 16):
     steps = 4 * (len(data.x_train) // (world * 16))
     g = sim.simulate("gossip", data, world, steps, init_spread=0.5)

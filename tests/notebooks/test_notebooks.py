@@ -175,6 +175,17 @@ def _timed_params():
     return params
 
 
+def _drawn(png_base64: str) -> bool:
+    """Whether a PNG chart has something on it: a blank figure is one flat colour."""
+    import base64
+    import io
+
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(png_base64)), format="png")
+    return float(pixels[..., :3].std()) > 0.01
+
+
 @pytest.mark.parametrize("stem,limit", _timed_params())
 def test_notebook_executes_and_shows_measured_numbers_and_a_plot(stem, limit, tmp_path, monkeypatch):
     # Figures must come back as image/png: the kernel uses matplotlib's inline backend unless MPLBACKEND says not to.
@@ -194,6 +205,13 @@ def test_notebook_executes_and_shows_measured_numbers_and_a_plot(stem, limit, tm
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
     assert images, f"{stem}: no matplotlib figure was shown"
+    # Each plt.show() of a cell shows a chart with something drawn on it. A figure made in one cell and filled in the
+    # next is shown half-empty by the first (the inline backend shows and closes figures at the end of a cell) and
+    # not at all by the second: this finds it.
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        shown = [o for o in cell.outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
+        assert len(shown) >= cell.source.count("plt.show()"), f"{stem}: code cell {i + 1} lost a chart"
+        assert all(_drawn(o["data"]["image/png"]) for o in shown), f"{stem}: code cell {i + 1} showed a blank chart"
     printed = "".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stdout")
     assert re.search(r"\d+\.\d+", printed), f"{stem}: no measured number was printed"
     # Every code cell ran, in order (a skipped cell would leave execution_count empty).
