@@ -143,7 +143,8 @@ assert values[0] < values[1] < values[-1]          # NVLink < PCIe 5 < this mach
 #
 # * A collective's time is latency × steps + bytes / bandwidth (+ the cost of adding): the alpha-beta-gamma model,
 #   fitted on this machine from a handful of all-reduces, predicts the others within the factor printed above.
-# * On one host Horovod's Gloo ring is bounded by loopback TCP and memory copies (a few GB/s); an 8-GPU NVLink node
-#   is ~100× faster per byte, InfiniBand between nodes ~10×, and 25 GbE about the same as this loopback.
+# * On one host Horovod's Gloo ring is bounded by loopback TCP and memory copies: the bandwidth fitted above. For
+#   comparison, nominal link rates (vendors' figures, not measured here): NVLink 4 900 GB/s per GPU, InfiniBand
+#   NDR 50 GB/s, 25 GbE 3.1 GB/s per direction.
 # * The ring's bandwidth term hardly grows with the number of ranks; a single server's does (notebook 04).
 # * NCCL on GPUs, Gloo on CPUs: same algorithms, different links and where the adds happen.

@@ -28,8 +28,8 @@
 #
 # * `sync.ps_servers: 0` (every rank owns a shard): `hvd.alltoall` sends each owner its piece of every gradient and
 #   the owner adds the W pieces (the push: a reduce-scatter), update at the owner, `hvd.allgather` to pull. Not
-#   Horovod's own `hvd.reducescatter`: on Gloo it is 1.3–3.4x slower at 1–64 MiB here and intermittently wrong on
-#   rank 0 (see `hvdsync.torch.schemes.ps.push`);
+#   Horovod's own `hvd.reducescatter`, for reasons measured when the package was written and given in
+#   `hvdsync.torch.schemes.ps.push` (this notebook does not measure them);
 # * `sync.ps_servers: 1`: `hvd.alltoall` with splits `[S, 0, …]` sends every gradient to rank 0, rank 0 updates,
 #   `hvd.broadcast` pulls.
 #

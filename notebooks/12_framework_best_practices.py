@@ -338,11 +338,12 @@ except ConfigError as error:
     assert not built["mpi"]
 
 # %% [markdown]
-# On this CPU machine Horovod has Gloo and neither NCCL (no GPU) nor MPI (no MPI stack installed), which is why
+# The cell above asks this environment's Horovod build what it has; where it has no MPI (a Gloo-only CPU build),
 # hvdsync rejects `sync.op: adasum` before starting a worker. On a GPU cluster Horovod is built with
 # `HOROVOD_GPU_OPERATIONS=NCCL`, and step 1 of the list above also pins each worker to the GPU of its local rank
 # (`hvd.local_rank()`), where its model and batches live; the all-reduces of GPU gradients then go through NCCL.
-# hvdsync's adapters run on CPUs today: they do not pin or move anything to a GPU yet.
+# hvdsync's `init` does that pinning, one rank per GPU, and stops with one line where a host has more ranks than
+# GPUs (`hvdsync.core.train.gpus`).
 #
 # ## 5 · Mistake 1: no broadcast
 #
