@@ -125,6 +125,7 @@ print(f"reads per sample: min {reads.min()}, max {reads.max()}; steps {result.st
       f"parameters equal across ranks: {result.param_spread == 0.0}")
 assert reads.min() == 1 and reads.max() == 1
 assert [e["reason"] for e in result.resets][:1] == ["worker lost"] and result.resets[0]["size_after"] == 1
+assert 2 in sizes[sizes.index(1):], "the job grows back to two workers once the lost host's cooldown is over"
 assert result.param_spread == 0.0
 
 # %% [markdown]
@@ -161,11 +162,16 @@ blob = bytearray(newest.read_bytes())
 blob[len(blob) // 2] ^= 0xFF
 newest.write_bytes(bytes(blob))
 
+resume_start = time.time()
 resumed = elastic_launch.train(lost_cfg.replace(elastic={"resume": True}), log_dir=work / "resume",
                                record_reads=True)
 print(resumed.summary())
-print(f"resumed from step {steps[1]} (the newest, step {steps[0]}, was damaged); finished at step {resumed.steps}")
-assert resumed.steps > steps[1] and resumed.param_spread == 0.0
+# Read from the resumed job itself: the first step it committed (its timeline), less one, is where it started.
+started = next(row[1] for row in resumed.timeline if row[0] >= resume_start) - 1
+print(f"the resumed job started after step {started}; on disk the newest checkpoint was step {steps[0]} (damaged "
+      f"above) and the one before it step {steps[1]}; it finished at step {resumed.steps}")
+assert started == steps[1], "the resumed job continues from the newest checkpoint that passes its checks"
+assert resumed.steps > started and resumed.param_spread == 0.0
 
 # %% [markdown]
 # ## What to take away
