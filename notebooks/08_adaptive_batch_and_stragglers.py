@@ -165,8 +165,9 @@ def later(name):  # epochs 1..: epoch 0 runs with equal shares in both (nothing 
 
 ratio = later("adaptive shares") / later("equal shares")
 print(f"epoch time over epochs 1..: equal {later('equal shares'):.2f} s, adaptive {later('adaptive shares'):.2f} s, "
-      f"ratio {ratio:.2f} ({1 - ratio:.0%} lower; the target is at least 25% lower; no slow rank: "
-      f"{later('no slow rank'):.2f} s)")
+      f"ratio {ratio:.2f} ({1 - ratio:.0%} lower; no slow rank: {later('no slow rank'):.2f} s)")
+print(f"in this run the target (at least 25% lower) was {'met' if ratio <= 0.75 else 'not met'}: a busy machine "
+      "moves this ratio from run to run, so it is printed, not asserted")
 
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -238,8 +239,9 @@ plt.show()
 #   both. Re-dividing each global step by measured throughput (`data.shares: adaptive`) moves samples to the fast
 #   rank; the epoch times above show what it bought on this machine (the target is at least 25% lower with one rank
 #   2x slower). Where the two ranks share oversubscribed cores, moving work from the busy rank to the other one
-#   saves only the CPU time the slow rank wasted (about 1.5 vs 1.33 units here, ~11%); with a core (or device) per
-#   rank the step time is the slowest rank's, and 2/3 vs 1/3 shares save a third. `python benchmarks/shares.py`
+#   saves only the CPU time the slow rank wasted, much less than a third; with a core (or device) per rank the step
+#   time is the slowest rank's, and 2/3 vs 1/3 shares save a third (the arithmetic of the shares, not measured
+#   here; this run's ratio is printed above). `python benchmarks/shares.py`
 #   repeats the measurement side by side.
 # * **The guarantees do not move.** The same global step is cut differently: every sample was counted exactly once
 #   per epoch, every rank ran the same steps, both ranks ended with identical parameters, and because each rank's
