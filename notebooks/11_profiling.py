@@ -116,6 +116,10 @@ axes[1].set(title="share of the step waiting on communication", xlabel="hidden u
 plt.tight_layout()
 plt.show()
 
+shares = [np.mean([table[(h, r)]["comm_share"] for r in (0, 1)]) for h in SIZES]
+print("in this run, the share of the step spent waiting on communication by model size: "
+      + ", ".join(f"{h} hidden {s:.0%}" for h, s in zip(SIZES, shares))
+      + f"; the smallest model's share is the largest: {shares[SIZES.index(min(SIZES))] == max(shares)}")
 # The phases are parts of the step, so together they never exceed it (the rest is the loop's own work).
 for v in table.values():
     assert sum(v[p] for p in PHASES) <= v["step"] * 1.001 + 1e-6
@@ -157,8 +161,8 @@ assert len(grads) >= 4 and "horovod/timeline.png" in files
 #
 # * Profile per rank and per phase before tuning: `rank/<r>/<phase>_seconds` and `rank/<r>/comm_share` in the
 #   job's MLflow run show which link of the chain is slow, and on which rank.
-# * The smaller the model, the larger the share of a step spent waiting on communication: each all-reduce pays a
-#   latency whatever its size. Fewer, larger all-reduces (tensor fusion, `sync.accumulate`) help there; compression
+# * The smaller the model, the larger the share of a step spent waiting on communication (this run's shares are
+#   printed above): each all-reduce pays a latency whatever its size. Fewer, larger all-reduces (tensor fusion, `sync.accumulate`) help there; compression
 #   helps when the *bytes* dominate (large models, slow links).
 # * `sync_wait` is communication that compute did not hide plus waiting for slower ranks; a large `sync_wait` on
 #   one rank with a short one on another points at a straggler, not at the network (notebook 14).
