@@ -5,6 +5,7 @@
     hvdsync train --hostfile hosts.txt --np 4           # or --hosts slurm inside a Slurm allocation
     hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir DIR [--resume]
     hvdsync train --elastic --hosts a:2,b:2 --np 4 --min-np 2 --max-np 4 --network-interface eth0 --log-dir RUN
+    hvdsync train --ray auto|HOST:PORT --np 4 [--elastic --min-np 2 --max-np 4]   # on a Ray cluster: launch/ray.py
     hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
     hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/launch/runs.py)
     hvdsync sweep --set sync.compression=none,fp16 --set sync.accumulate=1,4 [train options]
@@ -67,6 +68,9 @@ def _host_options(t: argparse.ArgumentParser) -> None:
     where.add_argument("--hosts", metavar="HOST:SLOTS,...", help="hosts to run on over ssh, as horovodrun's -H "
                        "(a:2,b:2); 'slurm' reads SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE")
     where.add_argument("--hostfile", metavar="FILE", help="a hostfile: '<host> slots=<N>' per line")
+    where.add_argument("--ray", metavar="ADDRESS", help="run the workers on a Ray cluster: its head's HOST:PORT, or "
+                       "'auto' (RAY_ADDRESS, else the cluster `ray start` joined here); needs pip install "
+                       "'hvdsync[ray]'")
     t.add_argument("--network-interface", metavar="NAME[,NAME]", help="the interfaces the workers talk over")
     t.add_argument("--ssh-port", type=int, help="the port of sshd on the other hosts")
     t.add_argument("--ssh-identity-file", metavar="FILE", help="the ssh key for the other hosts")
@@ -115,7 +119,12 @@ def _train(ns: argparse.Namespace) -> int:
     cfg = _config(ns)  # every config error surfaces here, before any worker starts
     where = _where(ns)
     os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
-    if cfg.elastic.enabled:
+    if ns.ray:
+        from hvdsync.launch import ray as ray_launch
+
+        # Elastic too (cfg.elastic.enabled): Ray's live nodes are the discovery; one line if Ray is not installed.
+        result = ray_launch.train(cfg, address=ns.ray, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
+    elif cfg.elastic.enabled:
         from hvdsync.launch import elastic as elastic_launch
 
         # With --hosts/--hostfile the discovery script starts from those hosts and their slots; its `hosts` file in

@@ -48,7 +48,7 @@ def user_fit(n=301, batch=16, epochs=3, seed=5):
                     optimizer=torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum))
     params = torch.cat([p.detach().flatten() for p in model.parameters()]).double().tolist()
     return {"host": os.environ.get("HOROVOD_HOSTNAME"), "rank": hvd.rank(), "local_rank": hvd.local_rank(),
-            "reads": train.reads, "params": params, "test_accuracy": result.test_accuracy,
+            "size": hvd.size(), "reads": train.reads, "params": params, "test_accuracy": result.test_accuracy,
             "param_spread": result.param_spread}
 
 

@@ -1,0 +1,401 @@
+"""Horovod jobs on a Ray cluster: Horovod's own Ray integration (``horovod.ray.RayExecutor``) running hvdsync's workers.
+
+    hvdsync train --ray auto --np 4                 # the cluster `ray start` made on this machine (or RAY_ADDRESS)
+    hvdsync train --ray 10.0.0.1:6379 --np 8 --framework tensorflow
+    hvdsync train --ray auto --elastic --min-np 2 --max-np 8 --checkpoint-dir /shared/ckpt
+
+    from hvdsync.launch import ray as ray_launch
+    per_rank = ray_launch.run(my_function, np=4, address="auto")     # as hvdsync.launch.run, on Ray's nodes
+    result = ray_launch.train(cfg, address="10.0.0.1:6379")          # as hvdsync.launch.train (elastic too)
+
+Ray places the workers (one actor per rank, ``cpus_per_worker`` CPUs each, in a placement group) instead of ssh and
+host lists; Horovod's rendezvous, Gloo and hvdsync's workers are the same as in every other launch. The driver (this
+process) must be reachable from every node: run it on a node of the cluster (``ray job submit -- hvdsync train
+--ray auto ...`` does that from elsewhere).
+
+Checked before any worker starts, one line each: Ray not installed, an address where no Ray head answers, more
+workers (or an elastic job's ``min_np``) than the cluster's CPUs or GPUs hold.
+
+Horovod 0.28.1's integration was written against Ray 1.x-2.3. With today's Ray (2.60) its static and elastic paths
+run as they are; two driver-side lines are fixed here at run time, so Horovod's source and build stay as they are
+(:func:`_todays_ray`, :func:`run_elastic`): the elastic executor places its log queue with ``ray.state``, which Ray
+now keeps only as a deprecated wrapper that warns in the user's terminal and is to be removed; and the elastic driver
+tells the workers to reach its rendezvous at ``gethostbyname(gethostname())``, which is loopback where the host name
+maps to ``127.0.1.1`` (Debian, Ubuntu): the workers on the other nodes then abort ("HTTP request failed").
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from hvdsync.config import Config, ConfigError
+from hvdsync.core.elastic.loop import FAULTS_ENV, RUN_DIR_ENV
+from hvdsync.core.telemetry.progress import PROGRESS_ENV
+from hvdsync.core.train.loop import FitResult
+from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
+from hvdsync.launch import worker
+from hvdsync.launch.local import QUIET_ENV, WorkerError, _follow_progress, preflight
+
+INSTALL = "pip install 'hvdsync[ray]'"
+DEFAULT_PORT = 6379      # `ray start --head`'s default GCS port
+CONNECT_TIMEOUT_S = 5    # a head that does not accept a TCP connection in this time is reported, not waited for
+# Set by Horovod's Ray adapters in each worker (rank, host, rendezvous): never forwarded from this process.
+_PER_WORKER = {"HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+               "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+               "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE",
+               "HOROVOD_ELASTIC"}
+
+
+def require_ray():
+    """The ``ray`` module, or one :class:`ConfigError` line saying how to get it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"ray: Ray is not installed in this environment; install it with {INSTALL}") from None
+    return ray
+
+
+def resolve_address(address: str | None) -> str:
+    """``HOST:PORT`` of the Ray head that ``address`` names (``auto``: ``RAY_ADDRESS``, else the cluster the last
+    ``ray start`` on this machine joined), checked with one TCP connection; a :class:`ConfigError` line otherwise."""
+    address = (address or "auto").strip()
+    if address.startswith("ray://"):
+        raise ConfigError(f"ray_address: {address!r}: Ray Client (ray://) is not supported (Horovod's rendezvous "
+                          "runs in the driver, which the workers must reach); run hvdsync on a node of the cluster "
+                          "with --ray auto, e.g. through `ray job submit -- hvdsync train --ray auto ...`")
+    if address == "auto":
+        # Ray's own lookup (what `ray status` uses): RAY_ADDRESS, the file `ray start` writes, a running GCS.
+        from ray._private import services
+
+        try:
+            address = services.canonicalize_bootstrap_address_or_die("auto")
+        except (ConnectionError, ValueError) as exc:
+            said = str(exc).split(". ")[0].strip()  # Ray's first sentence: none found, or several
+            if "Could not find any running Ray instance" in said:
+                said = "RAY_ADDRESS is not set and no `ray start` ran on this machine"
+            raise ConfigError(f"ray_address: 'auto' found no Ray cluster to join ({said}); start one with "
+                              "`ray start --head`, or give the head's HOST:PORT") from None
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        host, port = address, str(DEFAULT_PORT)
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray_address: {address!r} is not allowed; expected HOST:PORT of the Ray head "
+                          f"(`ray start --head` prints it) or 'auto'")
+    _probe(host, int(port))
+    return f"{host}:{port}"
+
+
+def _probe(host: str, port: int) -> None:
+    # One TCP connection to the head's GCS port: ray.init() to an address where nothing answers retries for a
+    # minute or more before it says so; this says it in seconds, naming the address.
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            return
+    except socket.gaierror as exc:
+        raise ConfigError(f"ray_address: {host!r} does not resolve to an address ({exc.strerror}); check the name, "
+                          "or give the head's IP address") from None
+    except ConnectionRefusedError:
+        raise ConfigError(f"ray_address: nothing listens at {host}:{port} (connection refused); start the head "
+                          f"there (`ray start --head --port {port}`) or give the address it printed") from None
+    except OSError as exc:
+        why = f"no answer in {CONNECT_TIMEOUT_S} s" if isinstance(exc, TimeoutError) else exc.strerror
+        raise ConfigError(f"ray_address: {host}:{port} does not answer ({why}); check that the Ray head is up "
+                          "and reachable from this machine") from None
+
+
+@contextlib.contextmanager
+def _connected(ray, address: str, quiet: bool) -> Iterator[None]:
+    """Connect this process to the cluster for the job, unless the caller already did (a notebook's ``ray.init``:
+    used as it is and left open)."""
+    if ray.is_initialized():
+        yield
+        return
+    # log_to_driver: the workers' output comes here only when asked (--verbose); it is always in Ray's logs of
+    # each node (<temp dir>/session_latest/logs/worker-*.out), and a failed rank's traceback comes with its error.
+    ray.init(address=address, log_to_driver=not quiet, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _alive(ray) -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def check_capacity(ray, address: str, np: int, cpus_per_worker: float, gpus_per_worker: float,
+                   field: str = "np") -> None:
+    """:class:`ConfigError` where ``np`` workers of ``cpus_per_worker`` CPUs (and ``gpus_per_worker`` GPUs) cannot
+    all be placed on the cluster's live nodes, counted as Horovod's elastic discovery counts them: whole workers
+    per node."""
+    nodes = _alive(ray)
+    for resource, each in (("CPU", cpus_per_worker), ("GPU", gpus_per_worker)):
+        if not each:
+            continue
+        fits = sum(int(n["Resources"].get(resource, 0) // each) for n in nodes)
+        if np > fits:
+            total = sum(n["Resources"].get(resource, 0) for n in nodes)
+            each_node = ", ".join(f"{n['NodeManagerAddress']}: {n['Resources'].get(resource, 0):g}" for n in nodes)
+            raise ConfigError(f"{field}: {np} workers of {each:g} {resource} each do not fit the Ray cluster at "
+                              f"{address}: its {len(nodes)} nodes have {total:g} {resource}s ({each_node}), room "
+                              f"for {fits}; lower {field}, or add nodes (`ray start --address {address}`)")
+
+
+def _node_names(ray) -> dict[str, str]:
+    """A short unique name for each live node (its host name, else its address), by node id: Horovod's static Ray
+    adapter names the workers' host by node id (56 hex digits), which is what MLflow's ``hosts`` would show."""
+    nodes = _alive(ray)
+    hostnames = [n["NodeManagerHostname"] for n in nodes]
+    addresses = [n["NodeManagerAddress"] for n in nodes]
+    names = {}
+    for n in nodes:
+        name, address = n["NodeManagerHostname"], n["NodeManagerAddress"]
+        names[n["NodeID"]] = (name if hostnames.count(name) == 1 else address if addresses.count(address) == 1
+                              else f"{address}/{n['NodeID'][:8]}")
+    return names
+
+
+def _entry(payload: bytes, cwd: str, names: dict[str, str] | None):
+    """Runs in each Ray actor: the driver's working directory (as horovodrun's `cd <cwd>` on every host: relative
+    paths, ./mlruns), this node's short name for Horovod (before anything calls hvd.init), then the worker entry."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+    if names:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        # A bijective renaming of the node id Horovod's adapter set: the ranks' local/cross grouping is unchanged.
+        os.environ["HOROVOD_HOSTNAME"] = names.get(node, node)
+    return worker.entry(payload)
+
+
+@contextlib.contextmanager
+def _todays_ray(ray) -> Iterator[None]:
+    """Horovod 0.28.1's Ray integration on today's Ray, while a job runs (undone after).
+
+    ``horovod/ray/elastic_v2.py`` (``ElasticAdapter._run_remote``) places its log queue actor on this node with
+    ``ray.state.current_node_id()``. Ray 2.x moved that module to ``ray._private.state`` and keeps ``ray.state`` as
+    a wrapper that logs "DeprecationWarning: `ray.state.current_node_id` is a private attribute and access will be
+    removed" into the user's terminal at every elastic start. The resource it names, ``node:<this node's IP>``, is
+    one Ray gives every node, so the same answer comes from public API, without the warning, and keeps working once
+    the wrapper is gone.
+    """
+    saved = ray.__dict__.get("state")
+    ray.state = types.SimpleNamespace(current_node_id=lambda: f"node:{ray.util.get_node_ip_address()}")
+    try:
+        yield
+    finally:
+        if saved is None:
+            del ray.state
+        else:
+            ray.state = saved
+
+
+def _worker_env(sync, env: dict[str, str] | None, elastic: bool = False) -> dict[str, str]:
+    """What every worker gets: Ray's actors start with the raylet's environment, not this process's, so the
+    variables a horovodrun worker would inherit from here are passed on (Horovod's knobs, hvdsync's, MLflow's)."""
+    passed = {k: v for k, v in os.environ.items()
+              if k.startswith(("HOROVOD_", "HVDSYNC_", "MLFLOW_")) and k not in _PER_WORKER}
+    knobs = sync.horovod_env() if sync is not None else {}
+    if elastic:  # see hvdsync.launch.elastic.run_elastic: Horovod 0.28.1 crashes re-initialising with both set
+        knobs = {k: v for k, v in knobs.items() if k not in ELASTIC_UNSAFE_KNOBS}
+    return {**QUIET_ENV, **{k: v for k, v in knobs.items() if k not in passed}, **passed, **(env or {})}
+
+
+@contextlib.contextmanager
+def _progress(progress: bool, env: dict[str, str], log_dir: Path) -> Iterator[None]:
+    """Rank 0's progress as a bar here (:func:`hvdsync.launch.local.run`'s file protocol; where rank 0's node does
+    not see ``log_dir``, it prints plain lines into its own log instead)."""
+    if not progress:
+        yield
+        return
+    path = log_dir / "progress.jsonl"
+    path.write_text("")
+    env[PROGRESS_ENV] = str(path)
+    stop = threading.Event()
+    follower = threading.Thread(target=_follow_progress, args=(path, stop, sys.stderr), daemon=True)
+    follower.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        follower.join(timeout=5)
+
+
+def _gather(ray, refs: list, timeout: float | None) -> list:
+    """The ranks' results in rank order; the first rank that fails (or the deadline) stops the wait at once,
+    where ``ray.get(refs)`` would wait on rank 0 while the others hang in a collective with the dead one."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:
+            raise WorkerError(f"Ray workers did not finish within timeout={timeout} s and were stopped")
+        try:
+            ray.get(ready[0])
+        except ray.exceptions.RayError as exc:
+            raise WorkerError(f"Ray worker of rank {refs.index(ready[0])} failed; the job was stopped:\n{exc}") from None
+    return ray.get(refs)
+
+
+def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2, address: str | None = "auto",
+        cpus_per_worker: float = 1, gpus_per_worker: float = 0, sync=None, env: dict[str, str] | None = None,
+        quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None, start_timeout: int = 120,
+        timeout: float | None = None, network_interfaces: list[str] | None = None) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``np`` Horovod workers placed by Ray; returns their results by rank.
+
+    Args:
+        fn: a picklable function (module-level, or defined in a notebook: cloudpickle sends it by value).
+        address: the Ray head's ``HOST:PORT``, or ``auto`` (``RAY_ADDRESS``, else the cluster ``ray start`` joined
+            on this machine). Ignored where this process is already connected (``ray.init`` done by the caller).
+        cpus_per_worker, gpus_per_worker: Ray resources reserved for each worker (a placement group, packed).
+        network_interfaces: the interfaces Gloo uses (default: Horovod probes the ones common to all nodes).
+        start_timeout: seconds to wait for the placement group (resources held by other jobs) and Horovod's probe.
+        sync, env, quiet, progress, log_dir, timeout: as :func:`hvdsync.launch.run`.
+
+    Example:
+        >>> run(lambda: __import__("horovod.torch").torch.init() or 0, np=4, address="auto")  # doctest: +SKIP
+    """
+    ray = require_ray()
+    if not isinstance(np, int) or isinstance(np, bool) or np < 1:
+        raise ConfigError(f"np: {np!r} is not allowed; expected an integer >= 1")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ConfigError(f"timeout: {timeout!r} is not allowed; expected a number of seconds > 0, or None")
+    address = resolve_address(address)
+    import cloudpickle
+    from horovod.ray import RayExecutor
+
+    own_dir = log_dir is None
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-ray-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    worker_env = _worker_env(sync, env)
+    with contextlib.ExitStack() as stack:
+        if own_dir:  # nothing of the workers' is kept here (their output is in Ray's logs): removed in any case
+            stack.callback(shutil.rmtree, log_dir, ignore_errors=True)
+        stack.enter_context(_connected(ray, address, quiet))
+        stack.enter_context(_progress(progress, worker_env, log_dir))
+        check_capacity(ray, address, np, cpus_per_worker, gpus_per_worker)
+        names = _node_names(ray)
+        settings = RayExecutor.create_settings(timeout_s=start_timeout, placement_group_timeout_s=start_timeout,
+                                               nics=set(network_interfaces) if network_interfaces else None)
+        executor = RayExecutor(settings, num_workers=np, cpus_per_worker=cpus_per_worker,
+                               use_gpu=bool(gpus_per_worker), gpus_per_worker=gpus_per_worker or None)
+        try:
+            with _todays_ray(ray):
+                try:
+                    executor.start(extra_env_vars=worker_env)
+                except TimeoutError:  # the placement group: the CPUs exist (checked) but other jobs hold them
+                    busy = f"{np} x {cpus_per_worker:g} CPUs were not free within start_timeout={start_timeout} s"
+                    raise WorkerError(f"np: {busy} on the Ray cluster at {address} (`ray status` shows who holds "
+                                      "them)") from None
+                payload = cloudpickle.dumps((fn, args, kwargs or {}))
+                results = _gather(ray, executor.run_remote(_entry, args=[payload, os.getcwd(), names]), timeout)
+        finally:
+            with contextlib.suppress(Exception):
+                executor.shutdown()  # removes the placement group, which ends its actors
+    return results
+
+
+def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address: str | None = "auto",
+                cpus_per_worker: float = 1, gpus_per_worker: float = 0, sync=None, env: dict[str, str] | None = None,
+                faults: str = "", quiet: bool = True, progress: bool = True, start_timeout: int = 120,
+                network_interfaces: list[str] | None = None) -> list:
+    """Run ``fn(*args)`` as an elastic job on Ray (Horovod's ``RayExecutor(min_workers=...)``); returns the results.
+
+    Horovod's Ray discovery is the cluster itself: each live node offers ``CPUs // cpus_per_worker`` slots; a node
+    that dies (its raylet gone) takes its workers with it and the job goes on from the last commit on the others; a
+    node that joins is used at the next commit, up to ``elastic.max_np``. A lost node's address is excluded from the
+    job; it comes back only after ``elastic.cooldown_min_s`` (0: never). ``run_dir`` must be on a file system every
+    node sees (pids, errors, progress), as ``elastic.checkpoint_dir``. Other arguments: :func:`run` and
+    :func:`hvdsync.launch.elastic.run_elastic`.
+    """
+    from hvdsync.launch.elastic import GLOO_TIMEOUT_S, _DriverLog, _raise_clear
+
+    ray = require_ray()
+    address = resolve_address(address)
+    import cloudpickle
+    from horovod.ray import RayExecutor
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
+    worker_env = _worker_env(sync, {RUN_DIR_ENV: str(run_dir), FAULTS_ENV: faults or os.environ.get(FAULTS_ENV, ""),
+                                    "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout, **(env or {})}, elastic=True)
+    handler = _DriverLog()  # Horovod's elastic driver logs to the root logger in this process
+    with _connected(ray, address, quiet), _progress(progress, worker_env, run_dir):
+        check_capacity(ray, address, elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
+        if not network_interfaces and len(_alive(ray)) < 2:
+            # Horovod finds the common interfaces only between two or more hosts; with one it waits for a second.
+            raise ConfigError("--network-interface: needed for an elastic Ray job on a one-node cluster; name the "
+                              "interface the workers talk over (lo where every node is this machine), e.g. "
+                              "--network-interface eth0")
+        settings = RayExecutor.create_settings(timeout_s=start_timeout,
+                                               nics=set(network_interfaces) if network_interfaces else None)
+        cooldown = (elastic.cooldown_min_s, elastic.cooldown_max_s) if elastic.cooldown_min_s else None
+        executor = RayExecutor(settings, min_workers=elastic.min_np, max_workers=elastic.max_np,
+                               cpus_per_worker=cpus_per_worker, use_gpu=bool(gpus_per_worker),
+                               gpus_per_worker=gpus_per_worker or None, cooldown_range=cooldown,
+                               elastic_timeout=elastic.timeout_s)
+        payload = cloudpickle.dumps((fn, args, {}))
+        logging.getLogger().addHandler(handler)
+        try:
+            with _todays_ray(ray):
+                executor.start(extra_env_vars=worker_env)
+                # elastic_v2.ElasticAdapter.start: server_ip = gethostbyname(gethostname()), loopback where the host
+                # name maps to 127.0.1.1; the address Ray knows this node by is the one every node can reach.
+                executor.adapter.run_env_vars["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = ray.util.get_node_ip_address()
+                results = executor.run(_entry, args=[payload, os.getcwd(), None])
+        except RuntimeError as exc:  # the elastic driver's own end: too few workers for too long, a reset limit
+            _raise_clear(run_dir, handler.messages, elastic, exc)
+            raise WorkerError(f"elastic Ray job ended: {exc}") from None
+        finally:
+            logging.getLogger().removeHandler(handler)
+            driver = getattr(getattr(executor, "adapter", None), "driver", None)
+            if driver is not None and not driver.finished():
+                driver.stop()
+    _raise_clear(run_dir, handler.messages, elastic, None)
+    return results
+
+
+def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progress: bool = True,
+          log_dir: str | Path | None = None, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
+          network_interfaces: list[str] | None = None, faults: str = "", record_reads: bool = False, **where: Any):
+    """Train as ``cfg`` says on a Ray cluster: :class:`FitResult` of rank 0, or with ``elastic.enabled``
+    an :class:`~hvdsync.core.elastic.loop.ElasticResult` (``elastic.min_np`` to ``elastic.max_np`` workers,
+    ``train.np`` unused: the job takes the slots the cluster has). Every error of the config, the address and the
+    cluster's size is raised before any worker starts."""
+    if where:
+        raise ConfigError(f"{'/'.join('--' + k.replace('_', '-') for k in where)}: not used with --ray; Ray places "
+                          "the workers on its nodes")
+    preflight(cfg)
+    if not cfg.elastic.enabled:
+        results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, address=address, sync=cfg.sync,
+                      quiet=quiet, progress=progress, log_dir=log_dir, cpus_per_worker=cpus_per_worker,
+                      gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces)
+        return FitResult(**results[0])
+    from hvdsync.core.elastic.loop import ElasticResult
+
+    run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-ray-elastic-"))
+    try:
+        results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, run_dir,
+                              address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                              sync=cfg.sync, faults=faults, quiet=quiet, progress=progress,
+                              network_interfaces=network_interfaces)
+    finally:
+        if log_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    # Results come back by the rank each worker started with; after resets rank 0 is the one that says so.
+    return ElasticResult(**next(r for r in results if r.get("rank") == 0))
