@@ -28,6 +28,7 @@ import pytest
 from hvdsync.launch import cli
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.launch.hosts import Host
+from tests.hosts.checkpoints import checkpoints, newest, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS, TRAIN_SAMPLES, BATCH = 2, 1348, 16   # digits: 1,797 samples less 449 held out for testing
@@ -55,32 +56,8 @@ with open(spec["out"], "w") as f:
 """
 
 
-def _wait_for(condition, what: str, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
-    return value
-
-
-def _checkpoints(ckpt: Path) -> list[dict]:
-    """The durable checkpoints on disk, oldest first: step, world size and when each was written."""
-    found = []
-    for manifest in ckpt.glob("ckpt-*/manifest.json"):
-        try:
-            meta = json.loads(manifest.read_text())["meta"]
-            found.append({"step": meta["position"]["step"], "world_size": meta["world_size"],
-                          "time": manifest.stat().st_mtime})
-        except (OSError, ValueError, KeyError):
-            continue  # written or pruned while we looked
-    return sorted(found, key=lambda c: c["step"])
-
-
-def _newest(ckpt: Path, world_size: int, after: float = 0.0, step: int = 0) -> dict | None:
-    written = [c for c in _checkpoints(ckpt) if c["world_size"] == world_size and c["time"] > after
-               and c["step"] >= step]
-    return written[-1] if written else None
+def _wait_for(condition, what: str):
+    return wait_for(condition, what, timeout=240)
 
 
 def _driver(cluster, tmp: Path, name: str, hosts: str, ckpt: Path, **elastic) -> tuple[list[str], dict, Path]:
@@ -129,22 +106,22 @@ def story(cluster, tmp_path_factory):
     start = time.time()
     job = cluster.popen("node1", argv, cwd=ROOT, env=_env(), stdout=log1, stderr=subprocess.STDOUT)
     try:
-        first = _wait_for(lambda: _newest(ckpt, 4, step=LOSE_AT_STEP), f"a checkpoint at step {LOSE_AT_STEP}")
+        first = _wait_for(lambda: newest(ckpt, 4, step=LOSE_AT_STEP), f"a checkpoint at step {LOSE_AT_STEP}")
         seen["started_s"] = first["time"] - start
         seen["lost_at"] = time.time()
         lose("node2")
         elastic_launch.set_hosts(run1, [Host("node1", 2)])  # the cluster manager takes the dead node out
-        _wait_for(lambda: _newest(ckpt, 2), "a checkpoint of the 2 workers left on node1")
+        _wait_for(lambda: newest(ckpt, 2), "a checkpoint of the 2 workers left on node1")
         seen["restored_at"] = time.time()
         restore("node2")
         elastic_launch.set_hosts(run1, [Host("node1", 2), Host("node2", 2)])  # and puts it back once repaired
-        grown = _wait_for(lambda: _newest(ckpt, 4, after=seen["restored_at"]), "a checkpoint of 4 workers again")
+        grown = _wait_for(lambda: newest(ckpt, 4, after=seen["restored_at"]), "a checkpoint of 4 workers again")
         # The whole job lost: the launcher and its workers on node1, the workers on node2.
-        _wait_for(lambda: _newest(ckpt, 4, step=grown["step"] + 2), "one more commit of 4 workers")
+        _wait_for(lambda: newest(ckpt, 4, step=grown["step"] + 2), "one more commit of 4 workers")
         seen["killed_at"] = time.time()
         lose("node1", "node2")
         job.wait(timeout=60)
-        seen["killed_step"] = _checkpoints(ckpt)[-1]["step"]
+        seen["killed_step"] = checkpoints(ckpt)[-1]["step"]
         seen["resets_first"] = _resets(run1)
         restore("node1", "node2")
         argv, spec, run2 = _driver(cluster, tmp, "resumed", "node2:2,node3:2", ckpt, resume=True)

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.hosts.checkpoints import checkpoints, wait_for
 from tests.ray.conftest import NO_RAY, ROOT
 
 if importlib.util.find_spec("ray") is None:
@@ -105,25 +105,8 @@ EPOCHS, TRAIN_SAMPLES = 2, 1348   # digits: 1,797 samples less 449 held out
 FRAMEWORK = os.environ.get("HVDSYNC_TEST_RAY_FRAMEWORK", "torch")
 
 
-def _checkpoints(ckpt: Path) -> list[dict]:
-    found = []
-    for manifest in ckpt.glob("ckpt-*/manifest.json"):
-        try:
-            meta = json.loads(manifest.read_text())["meta"]
-            found.append({"step": meta["position"]["step"], "world_size": meta["world_size"],
-                          "time": manifest.stat().st_mtime})
-        except (OSError, ValueError, KeyError):
-            continue  # written or pruned while we looked
-    return sorted(found, key=lambda c: c["step"])
-
-
-def _wait_for(condition, what: str, job: subprocess.Popen, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert job.poll() is None, f"the job ended while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.1)
-    return value
+def _wait_for(condition, what: str, job: subprocess.Popen):
+    return wait_for(condition, what, timeout=120, job=job)
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +128,15 @@ def story(ray_cluster, tmp_path_factory):
                                   env=ray_cluster.env(HOROVOD_GLOO_TIMEOUT_SECONDS="60"), stdout=log,
                                   stderr=subprocess.STDOUT, text=True)
     try:
-        first = _wait_for(lambda: [c for c in _checkpoints(ckpt) if c["world_size"] == 2 and c["step"] >= 4],
+        first = _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["step"] >= 4],
                           "a checkpoint of 2 workers", job)
         seen["started_s"] = first[0]["time"] - start
         seen["lost_at"] = time.time()
         ray_cluster.kill_raylet("node2")
-        _wait_for(lambda: [c for c in _checkpoints(ckpt) if c["world_size"] == 1], "a checkpoint of 1 worker", job)
+        _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 1], "a checkpoint of 1 worker", job)
         seen["restored_at"] = time.time()
         ray_cluster.start("node2")
-        _wait_for(lambda: [c for c in _checkpoints(ckpt) if c["world_size"] == 2 and c["time"] > seen["restored_at"]],
+        _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["time"] > seen["restored_at"]],
                   "a checkpoint of 2 workers again", job)
         job.wait(timeout=240)
         seen["end"] = time.time()
