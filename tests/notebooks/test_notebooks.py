@@ -2,11 +2,14 @@
 launched only through hvdsync, and every one executed from top to bottom (nbclient, kernel ``python3``, real Horovod
 workers) within its time limit.
 
-Executed copies are written to pytest's ``tmp_path`` (kept for the last runs) for looking at a failure.
+Executed copies are written to pytest's ``tmp_path`` (kept for the last runs) for looking at a failure, and, once a
+notebook has passed, to ``build/notebooks/`` with the hash of its source and its runtime: ``make docs`` renders those
+copies instead of executing every notebook again (scripts/docs/executed.py).
 """
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import shutil
 import time
@@ -20,6 +23,7 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 NAME = re.compile(r"^(\d\d)_[a-z0-9_]+$")
+EXECUTED = ROOT / "build" / "notebooks"
 
 # The guide section each notebook follows: its title as the guide writes it in Chinese, and in English.
 GUIDE_TITLES = {
@@ -217,3 +221,15 @@ def test_notebook_executes_and_shows_measured_numbers_and_a_plot(stem, limit, tm
     # Every code cell ran, in order (a skipped cell would leave execution_count empty).
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
     assert counts == list(range(1, len(counts) + 1))
+    _keep_executed(stem, nb, elapsed)
+
+
+def _keep_executed(stem: str, nb: nbformat.NotebookNode, seconds: float) -> None:
+    """Keep a passed notebook's executed copy for the documentation site, tagged with what it was executed from."""
+    source = (NOTEBOOKS / f"{stem}.ipynb").read_bytes()
+    nb.metadata["hvdsync"] = {"source_sha256": hashlib.sha256(source).hexdigest(), "seconds": round(seconds, 1),
+                              "executed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    partial = EXECUTED / f".{stem}.ipynb.partial"
+    nbformat.write(nb, partial)
+    partial.replace(EXECUTED / f"{stem}.ipynb")
