@@ -1,7 +1,7 @@
 """On a GPU machine: hvdsync's training step against plain torch, Horovod's all-reduce on GPU tensors, the links.
 
     bash benchmarks/gpu.sh                       # build Horovod with NCCL, check it, then the bench part, recorded
-    python benchmarks/gpu.py --device cpu --quick   # the bench part's self-test on a CPU, in seconds
+    python benchmarks/gpu.py --cpu                  # the bench part's self-test on a CPU, in seconds
     python benchmarks/gpu.py links --json gpu.json  # PCIe, HBM and (2+ GPUs) NCCL figures for the cost model
 
 Two parts: ``bench`` (the default, below) and ``links`` (:mod:`hvdlab.bench.gpu_links`); ``PART --help`` gives a
@@ -15,22 +15,31 @@ part's options. ``bench`` is run by ``benchmarks/gpu.sh`` (after it builds Horov
   ``broadcast_state``). Repetitions are interleaved (a, b, c, a, b, c, ...) so clock and thermal drift hit each alike;
   the figure is images per second, median over repetitions, and the ratio to plain torch (target: >= 0.97). Each
   contender's final parameters are compared with plain torch's after the same steps (a fast but wrong contender is
-  reported as wrong).
+  reported as wrong). At one rank Horovod would skip the all-reduce (``hvd.DistributedOptimizer`` registers its hooks
+  only where ``size() > 1``, and hvdsync's grouped call returns at once), so (b) and (c) would time plain torch: their
+  optimizers are built with the hooks forced on (:func:`_hooks_at_one_rank`), and every step all-reduces every
+  gradient through Horovod's core, as on N ranks, with no bytes crossing a link. Two more untimed steps per contender
+  under Horovod's timeline prove it (``allreduce_proof`` in the JSON: all-reduces per step = gradient tensors, and
+  the transport, ``NCCL_ALLREDUCE`` on a GPU); a contender whose steps ran no all-reduce is reported as wrong.
 - **All-reduce sweep**: ``hvd.allreduce`` on float32 GPU tensors of 1-256 MiB (NCCL when Horovod was built with it),
   the result checked, median time per operation; ``torch.distributed`` NCCL with the same 1 rank as the reference.
   With one rank no bytes cross a link: the figure is Horovod's per-operation cost on the GPU path (fusion-buffer copies,
   the background loop, the NCCL call), not a network bandwidth.
 
-``--device cpu --quick`` runs every path on a CPU in seconds (the self-test; no figure from it means anything).
+``--cpu`` (= ``--device cpu --quick``) runs every path on a CPU in seconds, the all-reduces over Gloo (the self-test:
+tests/unit/test_gpu_bench.py; no figure from it means anything but the proof that the all-reduces ran).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -54,8 +63,11 @@ def _args(argv=None):
     p.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
     p.add_argument("--amp", default="bf16", choices=["bf16", "none"], help="autocast for every contender alike")
     p.add_argument("--quick", action="store_true", help="tiny sizes: every path in seconds (self-test)")
+    p.add_argument("--cpu", action="store_true", help="--device cpu --quick: the self-test on a machine without a GPU")
     p.add_argument("--json", default="", help="write the results here")
     a = p.parse_args(argv)
+    if a.cpu:
+        a.device, a.quick = "cpu", True
     if a.quick:
         a.batch, a.image, a.width, a.steps, a.warmup, a.reps, a.sizes, a.iters = 8, 32, 8, 3, 1, 2, "1", 3
     return a
@@ -88,6 +100,24 @@ def resnet(width: int = 64, classes: int = 1000) -> nn.Module:
 
 
 # ---- the contenders: each returns (model, optimizer) ready to step ------------------------------------------------
+@contextlib.contextmanager
+def _hooks_at_one_rank():
+    """While a Horovod optimizer is built: its gradient hooks on, even at one rank.
+
+    horovod/torch/optimizer.py registers them only where ``size() > 1 or HOROVOD_ELASTIC == "1"``; without them a
+    1-rank job's ``step()`` all-reduces nothing. The variable is read there once, when the optimizer is made, and is
+    restored at once (``hvd.init`` has already read the rest of the environment)."""
+    old = os.environ.get("HOROVOD_ELASTIC")
+    os.environ["HOROVOD_ELASTIC"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["HOROVOD_ELASTIC"]
+        else:
+            os.environ["HOROVOD_ELASTIC"] = old
+
+
 def _plain(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -95,15 +125,20 @@ def _plain(model):
 def _raw_horovod(model):
     import horovod.torch as hvd
 
-    opt = hvd.DistributedOptimizer(_plain(model), named_parameters=list(model.named_parameters()))
+    with _hooks_at_one_rank():
+        opt = hvd.DistributedOptimizer(_plain(model), named_parameters=list(model.named_parameters()))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return opt
 
 
 def _hvdsync(model):
+    from hvdsync.config import SyncConfig
     from hvdsync.torch import broadcast_state, distributed_optimizer
 
-    opt = distributed_optimizer(_plain(model), model)
+    # grouped_mb=0: the per-tensor hooks, which ResNet-18's 45 MB of gradients get by default anyway (over the 25 MB
+    # of sync.grouped_mb); the grouped call a smaller model would get returns at once at one rank.
+    with _hooks_at_one_rank():
+        opt = distributed_optimizer(_plain(model), model, SyncConfig(grouped_mb=0.0))
     broadcast_state(model, opt)
     return opt
 
@@ -116,8 +151,8 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _train(a, name, device, start_state, data):
-    """One repetition of one contender from the common start; (images per second, final parameters)."""
+def _contender(a, name, device, start_state, data):
+    """One contender's model from the common start and its training step."""
     model = resnet(a.width).to(device)
     model.load_state_dict(start_state)
     opt = CONTENDERS[name](model)
@@ -132,6 +167,12 @@ def _train(a, name, device, start_state, data):
         loss.backward()
         opt.step()
 
+    return model, step
+
+
+def _train(a, name, device, start_state, data):
+    """One repetition of one contender from the common start; (images per second, final parameters)."""
+    model, step = _contender(a, name, device, start_state, data)
     for _ in range(a.warmup):
         step()
     _sync(device)
@@ -143,12 +184,51 @@ def _train(a, name, device, start_state, data):
     return a.batch * a.steps / seconds, [p.detach().float().clone() for p in model.parameters()]
 
 
-def throughput(a, device, names):
+def _start(a, device):
+    """The common start: the model's parameters and one batch of synthetic images on ``device``."""
     torch.manual_seed(0)
     start = {k: v.clone() for k, v in resnet(a.width).state_dict().items()}
     g = torch.Generator().manual_seed(1)
     x = torch.randn(a.batch, 3, a.image, a.image, generator=g).to(device)
     y = torch.randint(0, 1000, (a.batch,), generator=g).to(device)
+    return start, (x, y)
+
+
+def allreduce_proof(a, device, names, steps: int = 2):
+    """Each Horovod contender's all-reduces in ``steps`` untimed steps, from Horovod's own timeline (its core writes
+    a span per collective it ran): the count per step against the gradient tensors, and the transport's kernels."""
+    import horovod.torch as hvd
+
+    from hvdsync.core.telemetry import timeline
+
+    start, data = _start(a, device)
+    rows = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            if name == "torch":
+                continue
+            model, step = _contender(a, name, device, start, data)
+            step()  # outside the timeline: the first step's negotiations and buffers
+            _sync(device)
+            path = os.path.join(folder, f"{name}.json")
+            hvd.start_timeline(path)
+            for _ in range(steps):
+                step()
+            _sync(device)
+            hvd.stop_timeline()
+            spans = timeline.read(path).select("ALLREDUCE")
+            gradients = sum(1 for p in model.parameters() if p.requires_grad)
+            rows[name] = {"gradients": gradients, "steps": steps, "allreduces": len(spans),
+                          "transport": sorted({act.name for s in spans for act in s.activities
+                                               if act.name.endswith("_ALLREDUCE")}),
+                          "every_gradient_every_step": len(spans) == steps * gradients}
+            print(f"  {name:8s} {len(spans)} all-reduces in {steps} steps of {gradients} gradients "
+                  f"({', '.join(rows[name]['transport']) or 'none'})", flush=True)
+    return rows
+
+
+def throughput(a, device, names):
+    start, (x, y) = _start(a, device)
     rates: dict[str, list[float]] = {n: [] for n in names}
     diffs: dict[str, float] = {}
     for rep in range(a.reps):
@@ -202,7 +282,10 @@ def torch_distributed_sweep(a, device):
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="tcp://127.0.0.1:29533",
+        with socket.socket() as s:  # a free port: another job on this machine may hold any fixed one
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                                 rank=0, world_size=1)
     rows = []
     for mib in [float(s) for s in a.sizes.split(",")]:
@@ -244,6 +327,8 @@ def main(argv=None) -> int:
 
         # hvdsync's init (Horovod knobs, seeds, GPU pinning); tracking is a fit-loop concern and stays out of this.
         cfg = Config()
+        # The timeline started and stopped around the proof's steps only (hvd.start_timeline needs this at init).
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
         init(cfg)
         result["horovod"] = {"version": horovod.__version__, "size": hvd.size(), "nccl_built": bool(hvd.nccl_built()),
                              "gloo_built": bool(hvd.gloo_built()), "cuda_built": bool(hvd.cuda_built())}
@@ -261,6 +346,8 @@ def main(argv=None) -> int:
         print(f"{name:8s} median {row['median']:9.1f} img/s  ratio {row['ratio_to_torch']:.3f}  "
               f"max|dparam| {row['max_param_diff_vs_torch']:.2e}  correct={row['correct']}", flush=True)
     if "horovod" in names:
+        print("all-reduces in the contenders' steps (Horovod's timeline)", flush=True)
+        result["allreduce_proof"] = allreduce_proof(a, device, names)
         result["allreduce_horovod"] = allreduce_sweep(a, device)
     try:
         result["allreduce_torch_distributed"] = torch_distributed_sweep(a, device)
@@ -271,6 +358,8 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
     wrong = [n for n, r in result["throughput"].items() if not r["correct"]]
     wrong += [f"allreduce {r['mib']} MiB" for r in result.get("allreduce_horovod", []) if not r["correct"]]
+    wrong += [f"{n}: {r['allreduces']} all-reduces in {r['steps']} steps of {r['gradients']} gradients"
+              for n, r in result.get("allreduce_proof", {}).items() if not r["every_gradient_every_step"]]
     if wrong:
         print(f"WRONG: {', '.join(wrong)}", flush=True)
     return 1 if wrong else 0

@@ -29,7 +29,8 @@
 #   3. `horovodrun --check-build`, which must list NCCL and PyTorch;
 #   4. the GPU test module (tests/gpu, marker gpu): its report and JUnit XML;
 #   5. `benchmarks/gpu.py bench` under `horovodrun -np 1`: a ResNet-18-style CNN, plain torch vs a raw Horovod loop vs
-#      hvdsync's adapter, and an all-reduce sweep on GPU tensors.
+#      hvdsync's adapter, their all-reduce hooks forced on at one rank (Horovod skips them there) and Horovod's
+#      timeline read to prove every step all-reduced every gradient over NCCL, and an all-reduce sweep on GPU tensors.
 # Every result goes to one folder: gpu.log (all of this script's output), nvidia-smi.txt, build-plan.txt,
 # check-build.txt, tests-gpu.txt, tests-gpu.xml, results.json, timings.txt. By default that folder is a record of the gpu
 # suite, benchmarks/results/gpu/<date>-bench-<tag>/ (tag: HVDSYNC_GPU_TAG, default gpu-sh), listed in the index
@@ -91,8 +92,15 @@ tag="${HVDSYNC_GPU_TAG:-gpu-sh}"
 [[ "$tag" =~ ^[a-z0-9]+(-[a-z0-9]+)*$ ]] || die "HVDSYNC_GPU_TAG=$tag: lower case, digits and dashes"
 record="$(date -u +%Y-%m-%d)-bench-$tag"
 # Before anything is written: a machine without a GPU leaves no half-made record behind.
-command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 \
-  || die "nvidia-smi lists no GPU: this script needs an NVIDIA GPU and its driver"
+if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
+  found="no nvidia-smi on PATH (no NVIDIA driver)"
+  command -v nvidia-smi >/dev/null && found="nvidia-smi lists no GPU"
+  # A CUDA compiler is often taken for a GPU (a CUDA container or toolkit on a CPU machine): say it is not one.
+  if nvcc_bin="$(command -v nvcc)"; then
+    found="$found, though $nvcc_bin (CUDA $("$nvcc_bin" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')) is here: a CUDA compiler is no GPU"
+  fi
+  die "$found; run this on a machine with an NVIDIA GPU and its driver (nvidia-smi -L lists it); without one: python benchmarks/gpu.py --cpu (the bench part's self-test)"
+fi
 if [ -n "$from" ]; then
   [ -f "$from/horovod-$HOROVOD_VERSION.tar.gz" ] \
     || die "--from $from: no horovod-$HOROVOD_VERSION.tar.gz there (made by: bash benchmarks/gpu.sh --prepare DIR)"

@@ -1,4 +1,5 @@
-"""Build hvdsync's Docker images: ``make docker-cpu`` / ``make docker-gpu`` (``python3 docker/build.py cpu|gpu``).
+"""Build hvdsync's Docker images: ``make docker-cpu`` / ``make docker-gpu-torch`` / ``make docker-gpu-tf``
+(``python3 docker/build.py cpu|gpu-torch|gpu-tf``; ``gpu`` is ``gpu-torch``, the GPU image's old name).
 
 What it adds to a plain ``docker build``:
 
@@ -17,7 +18,9 @@ What it adds to a plain ``docker build``:
 Usage::
 
     python3 docker/build.py cpu                    # -> hvdsync:cpu
-    python3 docker/build.py gpu --tag hvdsync:gpu  # -> hvdsync:gpu (NCCL; needs no GPU to build)
+    python3 docker/build.py gpu-torch              # -> hvdsync:gpu-torch and hvdsync:gpu (NCCL, CUDA 13; no GPU needed)
+    python3 docker/build.py gpu-tf                 # -> hvdsync:gpu-tf (TensorFlow with NCCL on CUDA 12)
+    python3 docker/build.py gpu-tf --plan          # what it would run, without Docker
     DOCKER=/path/to/docker python3 docker/build.py cpu   # a docker client with BuildKit (buildx, or docker <= 22)
 
 It prints the build time and the image size at the end (``docker/README.md`` records the last figures).
@@ -42,11 +45,24 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL_BASE = "hvdsync-base:bookworm"
 # Where pip's local folders are served during a build (HVDSYNC_DOCKER_PORT overrides).
 LOCAL_PORT = int(os.environ.get("HVDSYNC_DOCKER_PORT", "47321"))
-# The public bases each Dockerfile defaults to, by build argument (the GPU image builds on CUDA's devel image and
-# runs on its runtime image).
-DEFAULT_BASES = {"cpu": {"BASE_IMAGE": "python:3.11-slim-bookworm"},
-                 "gpu": {"BUILD_IMAGE": "nvidia/cuda:13.0.1-devel-ubuntu24.04",
-                         "BASE_IMAGE": "nvidia/cuda:13.0.1-runtime-ubuntu24.04"}}
+# Each image: its Dockerfile, its build arguments, its tags and its public bases by build argument (the GPU images
+# build on CUDA's devel image and run on its runtime image, each with its framework's CUDA: torch 2.13.0 is built
+# for CUDA 13, TensorFlow 2.21 for CUDA 12; Dockerfile.gpu says why they are two images).
+VARIANTS = {
+    "cpu": {"dockerfile": "Dockerfile.cpu", "args": {}, "tags": ["hvdsync:cpu"],
+            "bases": {"BASE_IMAGE": "python:3.11-slim-bookworm"}},
+    "gpu-torch": {"dockerfile": "Dockerfile.gpu", "args": {"FRAMEWORK": "torch"},
+                  "tags": ["hvdsync:gpu-torch", "hvdsync:gpu"],
+                  "bases": {"BUILD_IMAGE": "nvidia/cuda:13.0.1-devel-ubuntu24.04",
+                            "BASE_IMAGE": "nvidia/cuda:13.0.1-runtime-ubuntu24.04"}},
+    "gpu-tf": {"dockerfile": "Dockerfile.gpu", "args": {"FRAMEWORK": "tensorflow"}, "tags": ["hvdsync:gpu-tf"],
+               "bases": {"BUILD_IMAGE": "nvidia/cuda:12.9.1-devel-ubuntu24.04",
+                         "BASE_IMAGE": "nvidia/cuda:12.9.1-runtime-ubuntu24.04"}},
+}
+# `gpu` was the one GPU image (torch with NCCL, TensorFlow on the CPU): it is now the torch image, and that image is
+# tagged hvdsync:gpu too, so `make docker-gpu` and `docker run hvdsync:gpu ...` keep working.
+ALIASES = {"gpu": "gpu-torch"}
+DEFAULT_BASES = {name: v["bases"] for name, v in VARIANTS.items()}
 # pip settings that become build arguments (pip reads PIP_<NAME> from the environment of the builder's RUN steps).
 ARG_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "default-timeout")
 # pip settings that name a local file: BuildKit secrets, mounted only into the RUN steps that call pip.
@@ -189,10 +205,18 @@ def pip_build_options(server: LocalServer) -> list[str]:
 
 
 def _fits(wheel: Path, variant: str) -> bool:
-    """Whether a cached wheel can serve ``variant``: NCCL builds for the GPU image, Gloo-only ones for the CPU image
-    (by the key beside it; a wheel without one is passed to both)."""
-    key = wheel.parent / "KEY"
-    return not key.exists() or ("-nccl" in key.read_text()) == (variant == "gpu")
+    """Whether a cached wheel can serve ``variant``: Gloo-only builds for the CPU image; for a GPU image, NCCL builds
+    of exactly its framework (by the key beside it; a wheel without one is passed to every image)."""
+    variant = ALIASES.get(variant, variant)
+    path = wheel.parent / "KEY"
+    if not path.exists():
+        return True
+    key = path.read_text()
+    if ("-nccl" in key) != (variant != "cpu"):
+        return False
+    built = {"torch": bool(re.search(r"-torch\d", key)), "tensorflow": bool(re.search(r"-(tf|tensorflow)\d", key))}
+    framework = VARIANTS[variant]["args"].get("FRAMEWORK")
+    return framework is None or built == {name: name == framework for name in built}
 
 
 def horovod_cache_image(docker: list[str], variant: str) -> str | None:
@@ -219,25 +243,48 @@ def horovod_cache_image(docker: list[str], variant: str) -> str | None:
     return tag
 
 
+def plan(variant: str, tags: list[str], base: str | None) -> list[str]:
+    """What a build of ``variant`` runs, as lines, found without Docker (``--plan``): its Dockerfile, tags, build
+    arguments, bases (the public defaults; a local Debian base where they cannot be pulled), and the Horovod
+    configuration its build step asks of scripts/build_horovod.sh."""
+    v = VARIANTS[variant]
+    bases = {arg: base for arg in v["bases"]} if base else v["bases"]
+    lines = [f"VARIANT={variant}", f"DOCKERFILE=docker/{v['dockerfile']}", f"TAGS={' '.join(tags)}"]
+    lines += [f"BUILD_ARG {k}={val}" for k, val in {**v["args"], **bases}.items()]
+    framework = v["args"].get("FRAMEWORK")
+    if framework:
+        lines += [f"HOROVOD_BUILD HVDSYNC_HOROVOD_FRAMEWORKS={framework} HVDSYNC_HOROVOD_GPU=nccl",
+                  "CHECK_BUILD NCCL " + ("PyTorch" if framework == "torch" else "TensorFlow") + " Gloo"]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Build hvdsync's Docker images (see docker/README.md).")
-    p.add_argument("variant", choices=["cpu", "gpu"])
-    p.add_argument("--tag", help="image tag (default hvdsync:<variant>)")
+    p.add_argument("variant", choices=[*VARIANTS, *ALIASES])
+    p.add_argument("--tag", help="image tag (default: the variant's, e.g. hvdsync:gpu-tf)")
     p.add_argument("--base", help="base image (default: the public one if it can be pulled, else a local Debian base)")
     p.add_argument("--no-horovod-cache", action="store_true", help="do not pass the local Horovod wheel cache in")
+    p.add_argument("--plan", action="store_true", help="print what the build would run and stop (no Docker needed)")
     p.add_argument("docker_args", nargs="*", help="more `docker build` arguments (after --)")
     ns = p.parse_args(argv)
+    variant = ALIASES.get(ns.variant, ns.variant)
+    tags = [ns.tag] if ns.tag else VARIANTS[variant]["tags"]
+    if ns.plan:
+        print("\n".join(plan(variant, tags, ns.base)))
+        return 0
     try:
         docker = docker_cmd()
-        tag = ns.tag or f"hvdsync:{ns.variant}"
-        options = [o for arg, image in resolve_bases(docker, ns.base, ns.variant).items()
+        tag = tags[0]
+        options = [o for arg, image in resolve_bases(docker, ns.base, variant).items()
                    for o in ("--build-arg", f"{arg}={image}")]
-        cache = None if ns.no_horovod_cache else horovod_cache_image(docker, ns.variant)
+        options += [o for arg, value in VARIANTS[variant]["args"].items() for o in ("--build-arg", f"{arg}={value}")]
+        options += [o for extra in tags[1:] for o in ("-t", extra)]
+        cache = None if ns.no_horovod_cache else horovod_cache_image(docker, variant)
         if cache:
             options += ["--build-arg", f"HOROVOD_CACHE={cache}"]
         with LocalServer() as server:
             options += pip_build_options(server)
-            cmd = docker + ["build", "--network", "host", "-f", f"docker/Dockerfile.{ns.variant}", "-t", tag,
+            cmd = docker + ["build", "--network", "host", "-f", f"docker/{VARIANTS[variant]['dockerfile']}", "-t", tag,
                             *options, *ns.docker_args, "."]
             say("$ " + " ".join(shlex.quote(c) for c in cmd))
             start = time.monotonic()
@@ -247,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         raise BuildError(f"{shlex.join(map(str, err.cmd[:3]))} ... failed (exit {err.returncode}); output above") from None
     size = int(subprocess.run(docker + ["image", "inspect", "-f", "{{.Size}}", tag], capture_output=True, text=True,
                               check=True).stdout)
-    say(f"built {tag} in {seconds:.0f}s; image size {size / 1e6:.0f} MB")
+    say(f"built {' and '.join(tags)} in {seconds:.0f}s; image size {size / 1e6:.0f} MB")
     return 0
 
 

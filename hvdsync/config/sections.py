@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from hvdsync.config.checks import (FRAMEWORKS, LR_SCALING, OPTIMIZERS, PRECISIONS, REDUCE_OPS, ConfigError, _bool,
                                    _choice, _fail, _import_plugins, _int, _number, _registered)
 from hvdsync.core.comm.codecs import get_codec
+from hvdsync.core.train.gpus import DEVICES
 from hvdsync.core.train.scaling import GROWTH_LR_RULES
 from hvdsync.core.comm.schemes import MODES
 from hvdsync.core.train.shares import SHARE_RULES, parse_growth
@@ -200,6 +201,9 @@ class TrainConfig:
         deterministic: ask the framework for deterministic kernels (slower; bit-reproducible runs).
         precision: ``fp32``; ``fp16`` (autocast / Keras ``mixed_float16`` with dynamic loss scaling; a step whose
             gradients overflow on any rank is skipped on every rank) or ``bf16`` (float32's range: no loss scale).
+        device: where each worker trains: ``auto`` (one GPU per rank where the framework can use one, else the
+            CPU), ``cpu`` (no GPU is touched even where one is present) or ``cuda`` (a GPU per rank is required:
+            ``init`` stops with one line naming why there is none; :mod:`hvdsync.core.train.gpus`).
     """
 
     framework: str = "torch"
@@ -216,9 +220,11 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     precision: str = "fp32"
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         _choice("train.framework", self.framework, FRAMEWORKS)
+        _choice("train.device", self.device, DEVICES)
         _choice("train.precision", self.precision, PRECISIONS)
         _import_plugins("train.plugins", self.plugins)
         from hvdsync.registry import MODELS

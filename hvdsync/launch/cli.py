@@ -29,7 +29,7 @@ SHORTCUTS = {
     "seed": "train.seed", "compression": "sync.compression", "accumulate": "sync.accumulate", "op": "sync.op",
     "model": "train.model", "batch_size": "data.batch_size", "dataset": "data.dataset",
     "experiment": "tracking.experiment", "tracking_uri": "tracking.tracking_uri", "min_np": "elastic.min_np",
-    "max_np": "elastic.max_np", "checkpoint_dir": "elastic.checkpoint_dir",
+    "max_np": "elastic.max_np", "checkpoint_dir": "elastic.checkpoint_dir", "device": "train.device",
 }
 
 

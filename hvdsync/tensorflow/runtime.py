@@ -8,7 +8,8 @@ import keras
 import tensorflow as tf
 
 from hvdsync.core.train import seeding
-from hvdsync.core.train.gpus import check_not_shared, driver_cuda, gpu_placement, present_gpus, visible_gpus
+from hvdsync.core.train.gpus import (check_nccl, check_not_shared, driver_cuda, gpu_placement, present_gpus,
+                                     visible_gpus)
 from hvdsync.core.telemetry.observe import prepare_timeline
 from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
@@ -25,13 +26,23 @@ def _set_threads(n: int) -> None:
         warnings.warn(f"hvdsync: TensorFlow threads already fixed, not set to {n} per worker ({exc})", stacklevel=3)
 
 
-def _pin_gpu(info: WorkerInfo) -> None:
+def _pin_gpu(info: WorkerInfo, device: str) -> None:
     # One GPU per worker, picked by the local rank (Horovod's first rule; hvdsync.core.train.gpus), with memory grown on
     # demand so that the workers of one host do not each reserve every GPU. tensorflow-cpu sees no GPU: nothing to do.
+    if device == "cpu":
+        # Possible only before TensorFlow's first op (init's docstring asks for that): the device list is then fixed.
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:
+            if tf.config.get_visible_devices("GPU"):
+                raise RuntimeError("hvdsync: train.device=cpu but TensorFlow already ran an op with its GPUs visible; "
+                                   "call hvdsync.tensorflow.init before any TensorFlow op") from None
+        return
     gpus = tf.config.list_physical_devices("GPU")
     facts = _cuda_facts(len(gpus))
-    index = gpu_placement(info.local_rank, info.local_size, **facts)
+    index = gpu_placement(info.local_rank, info.local_size, **facts, device=device)
     if index is not None:
+        check_nccl(index, hvd.nccl_built(), facts["framework"])
         check_not_shared(index, info, facts["visible"], hvd.allgather_object)
         tf.config.experimental.set_memory_growth(gpus[index], True)
         tf.config.set_visible_devices(gpus[index], "GPU")
@@ -65,7 +76,8 @@ def init(cfg=None) -> WorkerInfo:
 
     GPUs as in :func:`hvdsync.torch.init`: one per worker (:func:`gpu_placement`), and more ranks on a host than
     GPUs, or GPUs that TensorFlow's CUDA build cannot use, stop here with one line; ``CUDA_VISIBLE_DEVICES`` is
-    honoured (empty: the CPU).
+    honoured (empty: the CPU). ``cfg.train.device``: ``auto`` (the above), ``cpu`` (GPUs hidden from TensorFlow,
+    even where present), ``cuda`` (no usable GPU stops here, with the reason).
     """
     from hvdsync.config import Config
 
@@ -78,7 +90,7 @@ def init(cfg=None) -> WorkerInfo:
     hvd.init()
     report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-    _pin_gpu(info)
+    _pin_gpu(info, cfg.train.device)
     _set_threads(seeding.threads_per_worker(info.local_size))
     keras.utils.set_random_seed(cfg.train.seed)  # TensorFlow's seed and Keras' global generator (reset)
     seeding.seed_python_and_numpy(seeding.rank_seed(cfg.train.seed, info.rank))

@@ -7,7 +7,8 @@ import horovod.torch as hvd
 import torch
 
 from hvdsync.core.train import seeding
-from hvdsync.core.train.gpus import check_not_shared, driver_cuda, gpu_placement, present_gpus, visible_gpus
+from hvdsync.core.train.gpus import (check_nccl, check_not_shared, driver_cuda, gpu_placement, present_gpus,
+                                     visible_gpus)
 from hvdsync.core.telemetry.observe import prepare_timeline
 from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
 
@@ -24,10 +25,18 @@ def init(cfg=None) -> WorkerInfo:
     pinned to one GPU of its own, the one of its local rank (:func:`gpu_placement`); more ranks on a host than GPUs,
     or GPUs that torch's CUDA build cannot use, stop here with one line saying what was found and what to do, rather
     than as an NCCL error later or a silent run on the CPU. ``CUDA_VISIBLE_DEVICES`` is honoured (empty: the CPU).
+    ``cfg.train.device`` picks: ``auto`` (the above), ``cpu`` (CUDA is never initialised, even with GPUs present),
+    ``cuda`` (no usable GPU stops here, with the reason).
     """
     from hvdsync.config import Config
 
+    global _on_cpu
     cfg = cfg or Config()
+    _on_cpu = cfg.train.device == "cpu"
+    if _on_cpu:
+        # Before hvd.init and torch's first CUDA call: neither this process nor Horovod's NCCL side then opens a GPU
+        # (a CUDA context costs ~500 MB of GPU memory per rank, and a rank on a busy GPU slows its owner).
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
     prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
@@ -35,9 +44,12 @@ def init(cfg=None) -> WorkerInfo:
     hvd.init()
     report_knobs(knobs, hvd.rank())
     info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-    facts = _cuda_facts()
-    index = gpu_placement(info.local_rank, info.local_size, **facts)
+    index = None
+    if not _on_cpu:
+        facts = _cuda_facts()
+        index = gpu_placement(info.local_rank, info.local_size, **facts, device=cfg.train.device)
     if index is not None:
+        check_nccl(index, hvd.nccl_built(), facts["framework"])
         check_not_shared(index, info, facts["visible"], hvd.allgather_object)
         # One GPU per worker (Horovod's first rule; NCCL then all-reduces GPU tensors).
         torch.cuda.set_device(index)
@@ -49,9 +61,15 @@ def init(cfg=None) -> WorkerInfo:
     return info
 
 
+_on_cpu = False  # train.device=cpu in the last init: device() then says the CPU even if torch met CUDA before
+
+
 def device() -> torch.device:
-    """This worker's device: its pinned GPU where CUDA is available, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    """This worker's device: its pinned GPU where CUDA is available (and ``train.device`` is not ``cpu``), else the
+    CPU."""
+    if _on_cpu or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _cuda_facts() -> dict:

@@ -20,7 +20,9 @@ def no_gpu_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    # The TensorFlow GPU tests ask TensorFlow, not torch (the tf_gpu fixture): the TensorFlow image has no torch.
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")
+                 and "tf_gpu" not in getattr(item, "fixturenames", ())]
     reason = no_gpu_reason() if gpu_items else None   # torch is asked only when a GPU test was collected
     if reason:
         for item in gpu_items:
@@ -28,8 +30,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def gpu_count() -> int:
-    import torch
+    """Visible NVIDIA GPUs: torch's count where torch is installed, else the driver's device files less what
+    CUDA_VISIBLE_DEVICES hides (the TensorFlow image has no torch)."""
+    try:
+        import torch
+    except ImportError:
+        from hvdsync.core.train.gpus import present_gpus, visible_gpus
 
+        return visible_gpus(present_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     return torch.cuda.device_count()
 
 
@@ -46,3 +54,28 @@ def nccl():
 
     if not hvd.nccl_built():
         pytest.skip("Horovod here is built without NCCL: HVDSYNC_HOROVOD_GPU=nccl bash scripts/build_horovod.sh")
+
+
+@pytest.fixture(scope="session")
+def tf_gpu():
+    """The TensorFlow GPU tests' precondition, asked of a separate process (TensorFlow would otherwise reserve the
+    GPU in the test process): a CUDA build of TensorFlow that sees a GPU, and Horovod's TensorFlow ops with NCCL."""
+    import subprocess
+    import sys
+
+    probe = ("import importlib.util as u, tensorflow as tf; b = tf.sysconfig.get_build_info(); "
+             "print(b.get('is_cuda_build', False), len(tf.config.list_physical_devices('GPU')), "
+             "bool(u.find_spec('horovod.tensorflow')) and __import__('horovod.tensorflow').tensorflow.nccl_built())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if out.returncode != 0:
+        pytest.skip(f"TensorFlow cannot be imported here: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    cuda_build, gpus, nccl = out.stdout.split()[-3:]
+    if cuda_build != "True":
+        pytest.skip("TensorFlow here is a CPU build (tensorflow-cpu): the TensorFlow GPU tests need "
+                    "tensorflow[and-cuda] (the hvdsync:gpu-tf image)")
+    if gpus == "0":
+        pytest.skip("TensorFlow sees no GPU (its CUDA 12 libraries missing, or a driver too old for CUDA 12)")
+    if nccl != "True":
+        pytest.skip("Horovod's TensorFlow ops are built without NCCL here: HVDSYNC_HOROVOD_FRAMEWORKS=tensorflow "
+                    "HVDSYNC_HOROVOD_GPU=nccl bash scripts/build_horovod.sh")

@@ -127,3 +127,16 @@ def overflow_on_gpu() -> dict:
 
     rows = overflow_checks("torch")
     return {"device": str(device()), "overflow": rows}
+
+
+def device_choice(device: str) -> dict:
+    """``init`` with ``train.device`` set: where this rank trains, and whether torch opened CUDA at all."""
+    import torch
+
+    from hvdsync.config import Config
+    from hvdsync.torch import init
+    from hvdsync.torch.runtime import device as where
+
+    init(Config.from_dict({"train": {"device": device}}))
+    return {"device": str(where()), "cuda_initialized": torch.cuda.is_initialized()}
+

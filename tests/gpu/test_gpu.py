@@ -1,4 +1,5 @@
-"""hvdsync on CUDA: NCCL collectives, the codecs' kernels, mixed precision, training, and one rank per GPU.
+"""hvdsync on CUDA: NCCL collectives, the codecs' kernels, mixed precision, training, one rank per GPU, and
+train.device. TensorFlow on the GPU: tests/gpu/test_gpu_tensorflow.py.
 
 Every test here carries the `gpu` marker and is skipped, with the reason, where torch sees no CUDA device
 (tests/gpu/conftest.py). Whatever can run with one GPU runs with one rank; a test that needs two GPUs says so when it
@@ -125,12 +126,12 @@ def _first_visible() -> str:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
 
 
-def test_two_ranks_given_one_gpu_stop_at_init_naming_the_counts():
+def test_two_ranks_given_one_gpu_stop_at_init_naming_the_counts(nccl):
     with pytest.raises(WorkerError) as caught:
         launch.run(gpu_workers.placement, np=2, env={"CUDA_VISIBLE_DEVICES": _first_visible()}, progress=False,
                    timeout=300)
     assert "2 ranks on this host but 1 GPU(s) for them (ranks 0 and 1 on " in str(caught.value), str(caught.value)
-    assert "set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU" in str(caught.value)
+    assert "set train.device=cpu (or CUDA_VISIBLE_DEVICES= empty) to train on the CPU" in str(caught.value)
 
 
 def test_more_ranks_than_the_hosts_gpus_stop_at_init():
@@ -145,7 +146,7 @@ def test_more_ranks_than_the_hosts_gpus_stop_at_init():
         in str(caught.value), str(caught.value)
 
 
-def test_cuda_visible_devices_is_honoured():
+def test_cuda_visible_devices_is_honoured(nccl):
     # Empty: the CPU, on purpose, with no complaint; one GPU named: that one, as device 0.
     (cpu,) = launch.run(gpu_workers.placement, np=1, env={"CUDA_VISIBLE_DEVICES": ""}, progress=False, timeout=300)
     assert cpu["device"] == "cpu"
@@ -154,8 +155,35 @@ def test_cuda_visible_devices_is_honoured():
     assert one["device"] == "cuda:0" and one["uuid"]
 
 
-def test_each_local_rank_gets_a_gpu_of_its_own():
+def test_each_local_rank_gets_a_gpu_of_its_own(nccl):
     needs_gpus(2)
     results = _run(gpu_workers.placement, 2)
     assert [r["device"] for r in results] == [f"cuda:{r['local_rank']}" for r in results]
     assert len({r["uuid"] for r in results}) == 2
+
+
+# ---- train.device, and Horovod without NCCL on a GPU (the rules: tests/unit/test_gpu_device.py) -----------------
+def test_train_device_cpu_never_opens_the_gpu_and_cuda_takes_it(nccl):
+    (cpu,) = _run(gpu_workers.device_choice, 1, kwargs={"device": "cpu"})
+    assert cpu == {"device": "cpu", "cuda_initialized": False}, cpu
+    (gpu,) = _run(gpu_workers.device_choice, 1, kwargs={"device": "cuda"})
+    assert gpu == {"device": "cuda:0", "cuda_initialized": True}, gpu
+
+
+def test_the_placement_errors_advice_train_device_cpu_is_a_way_out():
+    # Two ranks given one GPU stop at init (above) and name train.device=cpu: with it, the same job trains on the CPU.
+    results = launch.run(gpu_workers.device_choice, kwargs={"device": "cpu"}, np=2, progress=False, timeout=300,
+                         env={"CUDA_VISIBLE_DEVICES": _first_visible()})
+    assert results == [{"device": "cpu", "cuda_initialized": False}] * 2, results
+
+
+def test_a_gpu_rank_without_nccl_stops_at_init_with_the_rebuild():
+    import horovod.torch as hvd
+
+    if hvd.nccl_built():
+        pytest.skip("Horovod here is built with NCCL: the case is a Gloo-only Horovod on a GPU machine")
+    with pytest.raises(WorkerError) as caught:
+        launch.run(gpu_workers.placement, np=1, progress=False, timeout=300)
+    assert "but the Horovod installed here is built without NCCL" in str(caught.value), str(caught.value)
+    assert "HVDSYNC_HOROVOD_GPU=nccl bash scripts/build_horovod.sh" in str(caught.value)
+

@@ -212,28 +212,43 @@ def test_venv_layer_does_not_depend_on_hvdsyncs_code(dockerfile):
     assert re.search(r"--mount=type=bind,target=(\S+),rw .*pip install .*--no-deps .*\1$", install), install
 
 
-def test_the_gpu_image_installs_the_full_tensorflow_wheel():
-    # tensorflow-cpu lacks the GPU kernels an NCCL build of Horovod links to: the GPU image takes the `gpu` extra.
+def test_the_gpu_tf_image_installs_the_full_tensorflow_wheel_with_its_cuda_12():
+    # tensorflow-cpu lacks the GPU kernels an NCCL build of Horovod links to: the TensorFlow GPU image takes the
+    # `tensorflow-gpu` extra and TensorFlow's own CUDA 12 wheels; the torch GPU image holds no TensorFlow at all.
     import tomllib
     text = (ROOT / "docker" / "Dockerfile.gpu").read_text()
-    assert re.search(r"HVDSYNC_EXTRAS=gpu (\S+ )*bash scripts/install.sh", text)
+    torch_case = re.search(r"^ +torch\) extras=(\S+) cuda_reqs=(\S+) ;;", text, re.M)
+    tf_case = re.search(r"^ +tensorflow\) extras=(\S+) cuda_reqs=(\S+) ;;", text, re.M)
+    assert torch_case and tf_case, text
+    assert torch_case.groups() == ("torch,notebooks,dev,build", "scripts/cuda-build-requirements.txt")
+    assert tf_case.groups() == ("tensorflow-gpu,notebooks,dev,build", "scripts/cuda-build-requirements-cu12.txt")
+    assert 'HVDSYNC_EXTRAS="$extras" HVDSYNC_INSTALL_HOROVOD=0 bash scripts/install.sh' in text
+    assert re.search(r'if \[ "\$FRAMEWORK" = tensorflow \]; then \\\n +/opt/venv/bin/pip install --quiet -c '
+                     r'constraints.txt "tensorflow\[and-cuda\]"', text), text
+    assert 'HVDSYNC_HOROVOD_FRAMEWORKS="$FRAMEWORK" HVDSYNC_HOROVOD_GPU=nccl' in text
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    gpu = " ".join(extras["gpu"])
-    assert "tensorflow-gpu" in gpu and "tensorflow," not in gpu and extras["tensorflow-gpu"][0].startswith("tensorflow>")
+    assert extras["tensorflow-gpu"][0].startswith("tensorflow>")
+    assert not any("tensorflow" in e for e in extras["torch"] + extras["notebooks"] + extras["dev"] + extras["build"])
 
 
 def test_each_image_gets_only_the_horovod_wheels_it_can_use(tmp_path):
-    # The cache image is part of the dependency step's build cache: a wheel for the other image must not enter it.
+    # The cache image is part of the dependency step's build cache: a wheel for another image must not enter it.
     for name, key in [("a", "horovod0.28.1-cp311-...-tf2.21.0-cpu-gcc12.2.0-fixes1"),
-                      ("b", "horovod0.28.1-cp311-...-tensorflow2.21.0-cuda13.0-nccl2.29.7-cc80,90-gcc12.2.0-fixes2"),
-                      ("c", None)]:
+                      ("b", "horovod0.28.1-cp311-...-tensorflow2.21.0-cuda12.9-nccl2.27.7-cc80,90-gcc12.2.0-fixes2"),
+                      ("c", None),
+                      ("d", "horovod0.28.1-cp311-...-torch2.13.0-cuda13.0-nccl2.29.7-cc80,90-gcc12.2.0-fixes3"),
+                      ("e", "horovod0.28.1-cp311-...-torch2.13.0-tensorflow2.21.0-cuda13.0-nccl2.29.7-cc80,90-gcc12.2.0"
+                            "-fixes4")]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
         if key:
             (tmp_path / name / "KEY").write_text(key + "\n")
     wheels = sorted(tmp_path.glob("*/*.whl"))
     assert [w.parent.name for w in wheels if build._fits(w, "cpu")] == ["a", "c"]
-    assert [w.parent.name for w in wheels if build._fits(w, "gpu")] == ["b", "c"]
+    # One framework per GPU image: the old two-framework NCCL wheel (e) serves neither.
+    assert [w.parent.name for w in wheels if build._fits(w, "gpu-tf")] == ["b", "c"]
+    assert [w.parent.name for w in wheels if build._fits(w, "gpu-torch")] == ["c", "d"]
+    assert [w.parent.name for w in wheels if build._fits(w, "gpu")] == ["c", "d"]
 
 
 def _fake_cuda(tmp_path, nccl=True):

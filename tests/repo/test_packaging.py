@@ -76,9 +76,10 @@ def test_dockerfiles_use_the_install_script_and_bring_what_it_needs():
         assert froms and not any(f.endswith(":latest") or ":" not in f for f in froms if "$" not in f), froms
         apt = " ".join(re.findall(r"apt-get install[^\n]*", text))
         assert all(apt_for[t] in apt for t in needed), (name, needed, apt)
-    # The GPU image fails its build unless check-build lists NCCL and both frameworks (and Gloo).
+    # Each GPU image fails its build unless check-build lists NCCL, its own framework and Gloo.
     gpu = (ROOT / "docker" / "Dockerfile.gpu").read_text()
-    assert re.search(r'for part in NCCL PyTorch TensorFlow Gloo; do grep -q "\\\[X\\\] \$part"', gpu)
+    assert re.search(r'for part in NCCL "\$name" Gloo; do grep -q "\\\[X\\\] \$part"', gpu)
+    assert 'name="$([ "$FRAMEWORK" = torch ] && echo PyTorch || echo TensorFlow)"' in gpu
 
 
 def test_ci_runs_the_readme_test_command_and_nothing_else():

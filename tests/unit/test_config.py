@@ -36,6 +36,7 @@ from hvdsync.config import Config, ConfigError
     ("train", "optimizer", "lamb", "choose one of: sgd, adam"),
     ("train", "momentum", 1.5, "expected a number >= 0.0 and < 1.0"),
     ("train", "seed", -1, "expected an integer from 0 to"),
+    ("train", "device", "gpu", "choose one of: auto, cpu, cuda"),
     ("tracking", "enabled", "no", "expected true or false"),
     ("tracking", "experiment", "", "expected a non-empty name"),
 ])

@@ -38,8 +38,8 @@ def test_more_ranks_than_gpus_stops_at_init_naming_the_counts_and_the_fixes(rt):
     assert "\n" not in message
     assert message.startswith("hvdsync: 2 ranks on this host but 1 GPU(s) for them (1 visible, CUDA_VISIBLE_DEVICES "
                               "not set): one rank per GPU, as NCCL refuses two ranks on one GPU")
-    assert "start at most 1 rank(s) per host, make 2 GPUs visible, or set CUDA_VISIBLE_DEVICES= (empty) to train on " \
-           "the CPU" in message
+    assert "start at most 1 rank(s) per host, make 2 GPUs visible, or set train.device=cpu (or " \
+           "CUDA_VISIBLE_DEVICES= empty) to train on the CPU" in message
     with pytest.raises(RuntimeError, match=r"^hvdsync: 9 ranks on this host but 8 GPU\(s\)"):
         place(rt, 0, 9, 8, cuda_build="12.8")
 
@@ -52,14 +52,15 @@ def test_a_cuda_build_that_cannot_use_the_gpus_says_why_instead_of_training_on_t
     assert "\n" not in message
     assert message == ("hvdsync: torch 2.13.0 is built for CUDA 13.0 but the NVIDIA driver supports CUDA 12.4 at most, "
                        "so it cannot use the 1 NVIDIA GPU(s) here; install a driver for CUDA 13, or torch's build for "
-                       "CUDA 12; or set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU on purpose")
+                       "CUDA 12; or set train.device=cpu (or CUDA_VISIBLE_DEVICES= empty) to train on the CPU on "
+                       "purpose")
     # A driver that does not answer at all.
     with pytest.raises(RuntimeError, match=r"cannot use the 2 NVIDIA GPU\(s\) here: the NVIDIA driver's library "
                                            r"\(libcuda.so.1\) does not answer; check the driver with nvidia-smi"):
         place(rt, 0, 1, 0, cuda_build="13.0", present=2)
     # The driver is new enough: the framework's own likely reason.
     with pytest.raises(RuntimeError, match=r"supports CUDA 13.1, yet it cannot use the 1 NVIDIA GPU\(s\) here: "
-                                           r"its CUDA 12 libraries are missing; or set CUDA_VISIBLE"):
+                                           r"its CUDA 12 libraries are missing; or set train.device=cpu"):
         place(rt, 0, 1, 0, cuda_build="12.5.1", present=1, driver_cuda="13.1",
               hint="its CUDA 12 libraries are missing")
 

@@ -11,7 +11,8 @@ import os
 import re
 import socket
 
-_CPU_ON_PURPOSE = "set CUDA_VISIBLE_DEVICES= (empty) to train on the CPU"
+_CPU_ON_PURPOSE = "set train.device=cpu (or CUDA_VISIBLE_DEVICES= empty) to train on the CPU"
+DEVICES = ("auto", "cpu", "cuda")  # train.device: what each runtime's init honours (see gpu_placement)
 
 
 def visible_gpus(present: int, cuda_visible_devices: str | None) -> int:
@@ -42,7 +43,7 @@ def _too_many(ranks: int, gpus: int, found: str) -> str:
 
 def gpu_placement(local_rank: int, local_size: int, visible: int, *, framework: str, cuda_build: str | None = None,
                   present: int = 0, driver_cuda: str | None = None, cuda_visible_devices: str | None = None,
-                  hint: str = "") -> int | None:
+                  hint: str = "", device: str = "auto") -> int | None:
     """The GPU index this rank trains on, ``None`` for the CPU, or a one-line ``RuntimeError`` naming what was found
     and what to do (more ranks than GPUs; GPUs the framework cannot use).
 
@@ -55,13 +56,20 @@ def gpu_placement(local_rank: int, local_size: int, visible: int, *, framework: 
         driver_cuda: the newest CUDA version the NVIDIA driver supports (``"12.4"``), ``None`` if unknown.
         cuda_visible_devices: the variable's value (``None``: not set).
         hint: the framework's own likely reason, when neither count nor versions explain an unusable GPU.
+        device: ``train.device``: ``auto`` trains on the CPU where there is no GPU to use, ``cuda`` makes that an
+            error naming why (a CPU build, no GPU, GPUs hidden); ``cpu`` is decided before any GPU is asked about
+            and never reaches here.
 
     With CUDA_VISIBLE_DEVICES set, fewer GPUs than local ranks can still be right (a launcher that gives each rank
     its own, as Slurm's per-task binding does): the index is then ``local_rank % visible`` and the ranks together
     check that no two of a host share one (:func:`shared_gpu_error`).
     """
+    if device not in DEVICES:
+        raise ValueError(f"train.device: {device!r} is not allowed; choose one of: {', '.join(DEVICES)}")
     if visible == 0:
         if not cuda_build or present == 0:
+            if device == "cuda":
+                raise RuntimeError(_no_gpu(framework, cuda_build, cuda_visible_devices))
             return None  # a CPU build, no GPU, or CUDA_VISIBLE_DEVICES hiding them: the CPU, as asked
         gpus = f"the {present} NVIDIA GPU(s) here"
         if driver_cuda is None:
@@ -80,6 +88,32 @@ def gpu_placement(local_rank: int, local_size: int, visible: int, *, framework: 
     if cuda_visible_devices is None:  # every rank of this host sees these same GPUs: they would share them
         raise RuntimeError(_too_many(local_size, visible, f"{visible} visible, CUDA_VISIBLE_DEVICES not set"))
     return local_rank % visible
+
+
+def _no_gpu(framework: str, cuda_build: str | None, cuda_visible_devices: str | None) -> str:
+    # train.device=cuda asked for a GPU that the facts say is not there: name which fact, and the two ways out.
+    if not cuda_build:
+        name, version = framework.split()[0], framework.split()[-1].split("+")[0]
+        build = (f"pip install 'tensorflow[and-cuda]=={version}'" if name == "TensorFlow" else
+                 f"install {name}'s CUDA build (PyPI's {name}=={version}, not a +cpu wheel)")
+        why = f"{framework} is a CPU build (no CUDA); {build}"
+    elif cuda_visible_devices is not None:
+        why = (f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} leaves {framework} (CUDA {cuda_build}) no GPU; "
+               f"list a GPU there or unset it")
+    else:
+        why = (f"{framework} (CUDA {cuda_build}) finds no NVIDIA GPU here (no /dev/nvidia* device; nvidia-smi "
+               f"lists none); run on a machine or container with a GPU and its driver")
+    return f"hvdsync: train.device=cuda but {why}; or set train.device=cpu (or auto) to train on the CPU"
+
+
+def check_nccl(index: int, nccl_built: bool, framework: str) -> None:
+    """A rank placed on GPU ``index`` needs Horovod's NCCL: without it Horovod has no GPU all-reduce, and the first
+    gradient on the GPU would fail deep inside it. One line at ``init`` instead, with the two ways out."""
+    if not nccl_built:
+        raise RuntimeError(f"hvdsync: this rank trains on GPU {index} but the Horovod installed here is built without "
+                           f"NCCL (horovodrun --check-build lists no NCCL), so it cannot all-reduce {framework}'s GPU "
+                           f"tensors; rebuild it: HVDSYNC_HOROVOD_GPU=nccl bash scripts/build_horovod.sh "
+                           f"(docs/install.md), or {_CPU_ON_PURPOSE}")
 
 
 def shared_gpu_error(placements: list) -> str | None:

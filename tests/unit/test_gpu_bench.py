@@ -1,0 +1,68 @@
+"""benchmarks/gpu.py's self-test on a CPU (``--cpu``): every path runs, and the Horovod contenders' training steps
+really all-reduce at one rank (Horovod would skip it there; the benchmark forces its hooks on).
+
+The proof is Horovod's own timeline, read by the benchmark: one ALLREDUCE span per gradient tensor per step, over
+Gloo here (NCCL on a GPU, where benchmarks/gpu.sh runs the same code)."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    pytest.importorskip("horovod.torch")
+    out = tmp_path_factory.mktemp("gpu_bench") / "results.json"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu.py", "--cpu", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_the_horovod_contenders_all_reduce_every_gradient_in_every_step_at_one_rank(smoke):
+    result, stdout = smoke
+    assert result["horovod"]["size"] == 1 and result["settings"]["device"] == "cpu"
+    proof = result["allreduce_proof"]
+    assert set(proof) == {"horovod", "hvdsync"}
+    for name, row in proof.items():
+        # ResNet-18's shape: 62 parameter tensors (convolutions, batch norms, the classifier), all trained.
+        assert row["gradients"] == 62, (name, row)
+        assert row["allreduces"] == row["steps"] * row["gradients"] and row["every_gradient_every_step"], (name, row)
+        assert row["transport"] == ["GLOO_ALLREDUCE"], (name, row)
+    assert "horovod  124 all-reduces in 2 steps of 62 gradients (GLOO_ALLREDUCE)" in stdout
+
+
+def test_every_contender_takes_plain_torchs_steps_and_the_sweeps_are_exact(smoke):
+    result, _ = smoke
+    rows = result["throughput"]
+    assert set(rows) == {"torch", "horovod", "hvdsync"}
+    # One rank: the average of one gradient is that gradient, so the same steps give the very same parameters.
+    assert all(row["correct"] and row["max_param_diff_vs_torch"] == 0.0 for row in rows.values()), rows
+    assert [r["correct"] for r in result["allreduce_horovod"]] == [True]
+    assert [r["correct"] for r in result["allreduce_torch_distributed"]] == [True]
+    assert result["imported"] == {"mlflow": False, "tensorflow": False, "keras": False}
+
+
+def test_gpu_sh_on_a_machine_with_nvcc_but_no_gpu_stops_in_one_line_before_writing(tmp_path):
+    # A CUDA compiler without a GPU (a CUDA toolkit or container on a CPU machine, as where this suite runs): the
+    # script names both facts and the CPU self-test, and leaves no half-made results folder behind.
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
+        pytest.skip("this machine has nvidia-smi: the case is a machine without a driver")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text('#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n')
+    (bin_dir / "nvcc").chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "benchmarks/gpu.sh", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr == (f"[gpu] error: no nvidia-smi on PATH (no NVIDIA driver), though {bin_dir}/nvcc (CUDA 13.0) "
+                           "is here: a CUDA compiler is no GPU; run this on a machine with an NVIDIA GPU and its driver "
+                           "(nvidia-smi -L lists it); without one: python benchmarks/gpu.py --cpu (the bench part's "
+                           "self-test)\n")
+    assert not out.exists()
