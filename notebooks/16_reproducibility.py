@@ -16,6 +16,20 @@
 # %% [markdown]
 # # 16 · 十六、可复现性 — Reproducibility
 #
+# > **The guide's section covers:**
+# > * fix every random seed (framework, numpy, Python, data order, augmentation) and derive the per-rank ones
+# >   from one global seed;
+# > * ask for deterministic kernels (`torch.use_deterministic_algorithms`, `CUBLAS_WORKSPACE_CONFIG`,
+# >   `TF_DETERMINISTIC_OPS` / `tf.config.experimental.enable_op_determinism`), since some GPU kernels add in
+# >   whatever order threads finish;
+# > * floating-point sums depend on their order: thread counts, world size and the all-reduce's order change bits;
+# > * record versions, configuration and environment with every run, so that it can be rerun and compared.
+# >
+# > **Shown here:** section 1 reruns a deterministic job and changes threads and seed; section 2 changes the world
+# > size and sums the same numbers in four orders; section 3 reads the run's record back and reruns it from the
+# > record; section 4 turns on deterministic kernels (the CPU part runs here; the GPU part runs only where CUDA is
+# > present).
+#
 # A run is reproducible when running it again gives **the same bits**: the same parameters, the same metrics.
 # That is worth having: a bug report can be replayed, a change's effect is not lost in run-to-run noise, and two
 # runs that should agree but do not point at a real difference. It needs every source of variation pinned:
@@ -107,6 +121,9 @@ for other in out[1:]:
           f"largest parameter difference {max_diff(first, other):.3g}")
 assert bitwise(first, out[1])                 # the rerun: the same bits
 assert not bitwise(first, out[3])             # another seed: another model
+assert max_diff(first, out[2]) < 1e-5          # other threads: at most rounding apart, the same maths
+print(f"in this run: 2 intra-op threads {'left the bits unchanged' if bitwise(first, out[2]) else 'changed the bits'}"
+      f" (largest difference {max_diff(first, out[2]):.3g}); a tiny MLP's kernels may not split their sums at all")
 
 # %% [markdown]
 # ## 2 · World size and the order of additions
@@ -136,6 +153,7 @@ exact = float(np.sum(values.astype(np.float64)))
 for name, s in sums.items():
     print(f"float32 sum {name:17s} {s:.9g} (error vs float64 {s - exact:+.2e})")
 print(f"{len(set(sums.values()))} different float32 results from the same 100,000 numbers")
+assert len(set(sums.values())) > 1, "another order of addition, another float32"
 
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
 names = [o["name"] for o in out[1:]] + ["1 x 32"]
@@ -168,15 +186,72 @@ for name, (was, now) in again["metrics"].items():
 assert again["identical"]
 
 # %% [markdown]
+# ## 4 · Deterministic kernels
+#
+# `train.deterministic: true` makes hvdsync set `CUBLAS_WORKSPACE_CONFIG` and `TF_DETERMINISTIC_OPS` before the
+# framework starts (`hvdsync.core.train.seeding.DETERMINISTIC_ENV`), call `torch.use_deterministic_algorithms(True)`
+# in a PyTorch worker and `tf.config.experimental.enable_op_determinism()` in a TensorFlow one. On a CPU the kernels
+# used here are deterministic anyway; on a GPU, kernels that accumulate with atomic additions (`index_add_`,
+# `scatter_add_`, some convolution backward passes) add in whatever order threads finish. The cell below runs an
+# `index_add_` with many repeated indices five times with the switch off and five times with it on. Its CPU part
+# runs everywhere; the GPU part runs only where `torch.cuda.is_available()`, and it says so when it did not run.
+
+# %%
+import torch
+
+from hvdsync.core.train import seeding
+
+print("hvdsync sets before the framework starts:", seeding.DETERMINISTIC_ENV)
+
+
+def distinct_results(device, repeats=5):
+    """How many different results the same index_add_ gives when run `repeats` times."""
+    gen = torch.Generator().manual_seed(0)
+    index = torch.randint(0, 100, (1_000_000,), generator=gen).to(device)
+    values = torch.randn(1_000_000, generator=gen).to(device)
+    results = {torch.zeros(100, device=device).index_add_(0, index, values).cpu().numpy().tobytes()
+               for _ in range(repeats)}
+    return len(results)
+
+
+was = torch.are_deterministic_algorithms_enabled()
+devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+counts = {}
+try:
+    for flag in (False, True):
+        torch.use_deterministic_algorithms(flag)
+        for device in devices:
+            counts[device, flag] = distinct_results(device)
+            print(f"{device:4} deterministic={flag!s:5}: {counts[device, flag]} distinct result(s) out of 5 runs")
+finally:
+    torch.use_deterministic_algorithms(was)
+assert counts["cpu", False] == counts["cpu", True] == 1, "the CPU kernel adds in one order"
+if "cuda" in devices:
+    assert counts["cuda", True] == 1, "deterministic kernels: the same bits every time"
+else:
+    print("in this run: no CUDA device, so the GPU branch did not run (only the CPU part above did)")
+
+fig, ax = plt.subplots(figsize=(6, 3))
+labels = [f"{d}\ndeterministic={f}" for d, f in counts]
+ax.bar(labels, list(counts.values()), color=["tab:blue" if f else "tab:orange" for _, f in counts])
+ax.set(ylabel="distinct results in 5 runs", title="index_add_ with repeated indices", ylim=(0, 5.5))
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## What to take away
 #
 # * With the seeds pinned, `train.deterministic: true`, the same thread count and the same world size, a rerun
-#   of a PyTorch job is bitwise identical, and `hvdsync runs reproduce` checks it from the run's record.
-# * Change the number of intra-op threads, the world size or any reduction order and the bits change even though
-#   the maths does not (this run's largest differences are printed above; asserted below 1e-5, far below
-#   anything training notices). Decide which
-#   reproducibility you need: bitwise (same everything) or statistical (same curves within noise).
-# * Floating-point addition is not associative: the same numbers summed in another order give another float32.
-#   Every all-reduce is such a sum; with 3 or more ranks its order depends on how Horovod cuts the buffer.
+#   of a PyTorch job is bitwise identical (asserted in section 1), and `hvdsync runs reproduce` checks it from the
+#   run's record (asserted in section 3).
+# * Change the world size and the bits change though the maths does not (1 × 32 vs 2 × 16: not bitwise equal,
+#   less than 1e-5 apart, asserted in section 2). Another thread count stays within 1e-5 too (asserted); whether it
+#   changes the bits depends on the kernels (in this run: printed in section 1). Decide which reproducibility you
+#   need: bitwise (same everything) or statistical (same curves within noise).
+# * Floating-point addition is not associative: the same numbers summed in another order gave other float32
+#   results (asserted in section 2). Every all-reduce is such a sum; with 3 or more ranks its order depends on how
+#   Horovod cuts the buffer.
+# * On a GPU, ask for deterministic kernels: section 4's CPU kernel gave one result every time (asserted); its GPU
+#   branch checks the same on CUDA where a GPU is present (in this run it printed whether it ran).
 # * Keep the record with the run (versions, Horovod build, environment, command line, commit): when a rerun
 #   differs, the record says what changed; secrets never belong in it.

@@ -76,7 +76,7 @@ def test_make_lab_command_listens_on_localhost_and_serves_the_notebooks(tmp_path
         listing = requests.get(f"{url}/api/contents", headers=auth, timeout=30)
         assert listing.status_code == 200
         served = {item["name"] for item in listing.json()["content"]}
-        expected = {p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+        expected = {p.name for p in NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")}
         assert expected and expected <= served
 
         # Each notebook comes back as notebook JSON with its cells (through jupytext's pairing with the .py).

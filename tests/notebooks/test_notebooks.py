@@ -22,7 +22,8 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-NAME = re.compile(r"^(\d\d)_[a-z0-9_]+$")
+# NN_topic, or NNa_topic, NNb_topic, ... where one guide section is split into parts (a learner reads each in one go).
+NAME = re.compile(r"^(\d\d)([a-z])?_[a-z0-9_]+$")
 EXECUTED = ROOT / "build" / "notebooks"
 
 # The guide section each notebook follows: its title as the guide writes it in Chinese, and in English.
@@ -66,11 +67,32 @@ def _stems(pattern: str) -> set[str]:
     return {p.stem for p in NOTEBOOKS.glob(pattern) if NAME.match(p.stem)}
 
 
-STEMS = sorted(_stems("[0-9][0-9]_*.ipynb") | _stems("[0-9][0-9]_*.py"))
+STEMS = sorted(_stems("[0-9][0-9]*_*.ipynb") | _stems("[0-9][0-9]*_*.py"))
 
 
 def _number(stem: str) -> str:
     return NAME.match(stem).group(1)
+
+
+def _part(stem: str) -> str | None:
+    return NAME.match(stem).group(2)
+
+
+def section_problems(stems: list[str]) -> list[str]:
+    """What breaks "one guide section per number": a number with a plain notebook beside parts, or parts that do
+    not run a, b, c, ... without a gap or a repeat (empty: fine)."""
+    by_number: dict[str, list] = {}
+    for stem in stems:
+        by_number.setdefault(_number(stem), []).append(_part(stem))
+    problems = []
+    for number, parts in sorted(by_number.items()):
+        if parts == [None]:
+            continue
+        expected = [chr(ord("a") + i) for i in range(len(parts))]
+        if sorted(parts, key=str) != expected:
+            problems.append(f"{number}: parts {sorted(map(str, parts))}; expected one notebook {number}_topic, or "
+                            f"parts {', '.join(number + p for p in expected)}")
+    return problems
 
 
 def _read_ipynb(stem: str) -> nbformat.NotebookNode:
@@ -101,8 +123,16 @@ def pair_differences(ipynb: Path, script: Path) -> list[str]:
 # ---- pairing ------------------------------------------------------------------------------------------------------
 def test_there_are_notebooks_and_each_has_its_pair():
     assert {"01", "02", "05", "06", "12"} <= {_number(s) for s in STEMS}
-    assert _stems("[0-9][0-9]_*.ipynb") == _stems("[0-9][0-9]_*.py"), "every NN_topic.ipynb needs NN_topic.py"
-    assert len({_number(s) for s in STEMS}) == len(STEMS), "one notebook per number"
+    assert _stems("[0-9][0-9]*_*.ipynb") == _stems("[0-9][0-9]*_*.py"), "every NN_topic.ipynb needs NN_topic.py"
+    assert section_problems(STEMS) == [], "one guide section per number, split into parts a, b, ... if at all"
+
+
+def test_the_section_check_catches_a_duplicate_number_and_a_gap_in_the_parts():
+    assert section_problems(["01_goals", "12a_practices", "12b_mistakes"]) == []
+    assert section_problems(["01_goals", "01_other"]) != []
+    assert section_problems(["12_practices", "12a_practices"]) != []
+    assert section_problems(["12a_practices", "12c_mistakes"]) != []
+    assert section_problems(["12a_practices", "12a_mistakes"]) != []
 
 
 @pytest.mark.parametrize("stem", STEMS)
