@@ -16,6 +16,18 @@
 # %% [markdown]
 # # 01 · 一、理解同步训练的根本目标与挑战 — Understanding the fundamental goals and challenges of synchronous training
 #
+# > **The guide's section covers:**
+# > * the goal: W workers that average their gradients every step train the same model as one process on the
+# >   whole global batch (consistency), only faster (throughput that grows with W);
+# > * the challenges: the communication every step pays, the slowest worker setting everyone's pace
+# >   (stragglers), keeping the replicas consistent (same start, disjoint data, correct loss scaling), and
+# >   fault tolerance (one failed worker stops a synchronous job, and failures become likely as W grows);
+# > * the trade-off between statistical efficiency (same steps as sequential SGD) and hardware efficiency (time
+# >   per step).
+# >
+# > **Shown here:** section 1 measures parallel = sequential step by step; section 2 the communication share of
+# > a step; section 3 a slow rank making the other one wait; section 4 the arithmetic of failures as a job grows.
+#
 # **The goal.** Synchronous data-parallel training splits every global batch among W workers. Each worker computes
 # the gradient of its share, the workers *all-reduce* (average) their gradients, and every worker applies the same
 # averaged gradient to its own copy of the model. If that is done right, the W workers together take exactly the
@@ -116,7 +128,8 @@ def experiments(cfg_dict, delays_ms):
         # Plain torch.optim.SGD on the global batches of 2B, in the plan's order (hvdlab.torch.reference.sequential_sgd).
         reference.sequential_sgd(model, data.x_train, data.y_train, reference.global_batches(plan, cfg.train.epochs),
                           lr=cfg.train.lr, on_step=compare)
-        out.update(diff=diff, moved=moved, parallel_steps=len(snapshots) - 1)
+        out.update(diff=diff, moved=moved, parallel_steps=len(snapshots) - 1,
+                   n_params=sum(p.size for p in snapshots[0]))
 
     # 2) + 3) where a step's time goes, with rank 1 slowed down by `delay` ms per step.
     timing = cfg.replace(train={"epochs": 2})
@@ -151,6 +164,7 @@ print(f"largest parameter difference, 2 workers x B vs 1 process x 2B: {diff.max
 print(f"largest parameter change since the start of training:           {moved.max():.2e}")
 print(f"difference / change: {diff.max() / moved.max():.1e}")
 assert diff.max() < 1e-5, "parallel training must match sequential training up to float32 rounding"
+assert diff.max() < 1e-3 * moved.max(), "the difference is orders of magnitude below how far training moved"
 
 fig, ax = plt.subplots(figsize=(8, 3.5))
 ax.semilogy(np.arange(1, len(diff) + 1), diff, marker=".", label="|θ(2 workers × B) − θ(1 process × 2B)|, max")
@@ -178,7 +192,9 @@ for rank, run in enumerate(base):
     print(f"rank {rank}: {run['steps']} steps, {1e3 * total / run['steps']:.2f} ms per step; "
           + ", ".join(f"{p} {100 * s:.0f}%" for p, s in shares.items()))
 sync_share = base[0]["phase_seconds"]["sync_wait"] / sum(base[0]["phase_seconds"].values())
-print(f"communication (sync wait) share of rank 0's step: {100 * sync_share:.0f}%")
+print(f"in this run: communication (sync wait) was {100 * sync_share:.0f}% of rank 0's step, for a model of "
+      f"{rank0['n_params']:,} parameters")
+assert sync_share > 0, "every step waits for its all-reduce"
 
 fig, ax = plt.subplots(figsize=(8, 2.5))
 for rank, run in enumerate(base):
@@ -193,16 +209,18 @@ ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35))
 plt.show()
 
 # %% [markdown]
-# The model here is tiny (about 4,800 parameters) and so is its compute, so the all-reduce is a large share of
-# each step. Bigger models compute longer per byte of gradient, and Horovod overlaps the all-reduce of one layer's
-# gradient with the backward pass of the layers before it — but the share never drops to zero, and it grows with
-# the number of workers and the slowness of the network (notebook 05 measures the bandwidth).
+# The model here is tiny (its parameter count is printed above) and so is its compute, so the all-reduce is a
+# large share of each step. Bigger models compute longer per byte of gradient, and above `sync.grouped_mb` hvdsync
+# lets Horovod overlap one layer's all-reduce with the backward pass of the layers before it (notebook 07 measures
+# how much hides); the bytes to move grow with the model, and the time to move them with a slower network
+# (notebook 05 measures the bandwidth).
 #
 # ## 3 · The price: everyone waits for the slowest worker
 #
 # Rank 1 now sleeps before every step (as if its data loading or its GPU were slower). Rank 0 does exactly the same
-# work as before, yet its `sync_wait` grows by about the delay: its all-reduce cannot finish before rank 1 hands in
-# its gradient. The throughput of the *whole* job falls accordingly.
+# work as before, yet its `sync_wait` grows with the delay: its all-reduce cannot finish before rank 1 hands in
+# its gradient (the cell asserts that rank 0's extra wait is more than half the delay, and prints how much it is in
+# this run). The throughput of the *whole* job falls with it (printed and plotted).
 
 # %%
 print(" delay on rank 1 | rank 0 sync wait/step | rank 1 sync wait/step | job samples/s")
@@ -235,17 +253,46 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ## 4 · The price: one failure stops everyone
+#
+# A synchronous step needs every worker's gradient, so one worker that crashes, hangs or loses its network stops
+# the whole job: the others block in their all-reduce until a timeout notices (notebook 10 kills a real worker
+# and lets an elastic job recover; notebook 04 contrasts an asynchronous parameter server). And failures become
+# likely as jobs grow. **This cell is arithmetic, not a measurement**: with each worker failing independently at
+# a constant rate (mean time between failures `MTBF_H`, an assumed figure, change it to yours), a job of N workers
+# fails at N times that rate, so the chance that a `JOB_H`-hour run sees at least one failure is
+# 1 − exp(−N · JOB_H / MTBF_H).
+
+# %%
+MTBF_H, JOB_H = 50_000.0, 24.0      # assumptions for the arithmetic, not measured here
+workers = np.array([1, 8, 64, 512, 4096])
+p_fail = 1 - np.exp(-workers * JOB_H / MTBF_H)
+for n, p in zip(workers, p_fail):
+    print(f"{n:>5} workers: job MTBF {MTBF_H / n:>8.1f} h, P(at least one failure in {JOB_H:.0f} h) = {p:6.1%}")
+assert np.all(np.diff(p_fail) > 0) and p_fail[-1] > 0.8, "with these assumptions, big jobs almost surely fail"
+
+grid = np.logspace(0, 4, 60)
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.semilogx(grid, 100 * (1 - np.exp(-grid * JOB_H / MTBF_H)))
+ax.set_xlabel("workers N"), ax.set_ylabel(f"P(failure in {JOB_H:.0f} h) (%)")
+ax.set_title(f"Arithmetic: per-worker MTBF {MTBF_H:,.0f} h (assumed)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## What to take away
 #
 # * **Synchronous data parallelism is sequential SGD on the global batch.** 2 workers × 32 samples took the same
 #   steps as 1 process × 64 samples: after every step the parameters agreed to float32 rounding (asserted < 1e-5;
-#   this run's differences are in the chart), while
-#   training moved them by orders of magnitude more. That is the goal, and it holds only because each worker reads
-#   its own share of the *same* global batch, starts from the same parameters and scales its loss so the averaged
-#   gradient is the global mean (hvdsync's `ShardPlan`, broadcast and `loss_scale`).
-# * **Every step pays for communication.** The sync wait is a visible share of each step (measured above); it is
-#   the price of keeping the copies equal, and it is what compression (fp16), gradient accumulation (notebook 06)
-#   and a faster all-reduce (notebook 05) try to lower.
-# * **A synchronous job runs at the pace of its slowest worker.** A delay on one rank shows up almost one-for-one
-#   as waiting on every other rank; finding and fixing stragglers (balanced data, equal hardware, no noisy
-#   neighbours) is part of scaling.
+#   this run's differences are in the chart), while training moved them by orders of magnitude more (asserted:
+#   over 1,000 times more). That is the goal, and it holds only because each worker reads its own share of the
+#   *same* global batch, starts from the same parameters and scales its loss so the averaged gradient is the
+#   global mean (hvdsync's `ShardPlan`, broadcast and `loss_scale`).
+# * **Every step pays for communication.** In this run the sync wait was the share of rank 0's step printed in
+#   section 2; it is the price of keeping the copies equal, and it is what compression (fp16), gradient
+#   accumulation (notebook 06) and a faster all-reduce (notebook 05) try to lower.
+# * **A synchronous job runs at the pace of its slowest worker.** A delay on one rank shows up as waiting on the
+#   other rank (asserted: more than half the delay; in this run the printed growth); finding and fixing
+#   stragglers (balanced data, equal hardware, no noisy neighbours) is part of scaling.
+# * **A synchronous job stops when any worker fails**, and with N workers failures come N times as often
+#   (section 4: arithmetic on an assumed MTBF); checkpoints and elastic training (notebook 10) are the answer.

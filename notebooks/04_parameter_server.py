@@ -16,6 +16,22 @@
 # %% [markdown]
 # # 04 · 四、参数服务器 — Parameter server
 #
+# > **The guide's section covers:**
+# > * the architecture: servers hold the parameters (and the optimizer state); workers push gradients and pull
+# >   parameters every step;
+# > * the bottleneck: one server's link carries every worker's traffic, growing with the number of workers;
+# > * sharding the parameters over several servers, and hierarchical servers (aggregate within a machine first,
+# >   then across machines) to spread that load;
+# > * synchronous and asynchronous updates: asynchronous workers do not wait for each other, which also means a
+# >   lost or slow worker does not stop the others (fault tolerance), at the price of stale gradients;
+# > * how it compares with the ring all-reduce (notebook 05).
+# >
+# > **Shown here:** section 1 trains with hvdsync's sharded and single-server PS against the ring (same
+# > parameters); section 2 counts the bytes per rank and writes one push/update/pull round inline, checked
+# > against `hvdsync.core.comm.schemes.ps.ps_round`; section 3 times the patterns; section 4 counts what a
+# > two-level (hierarchical) server saves and measures, with threads, that an asynchronous server keeps going
+# > when a worker is lost while a synchronous step stops.
+#
 # Before rings, data-parallel training synchronised through a **parameter server** (PS; Li et al., OSDI 2014):
 # the parameters live on servers; every step each worker **pushes** its gradient, the server adds the pushes and
 # **updates** the parameters with the optimizer (whose state lives only there), and every worker **pulls** the
@@ -88,6 +104,46 @@ single = [per["single-server PS"]["traffic"] for per in runs]
 assert single[0]["received"] == single[0]["sent"] == (2 - 1) * S * steps      # the server: W-1 gradients in
 
 # %% [markdown]
+# ### One round, written out
+#
+# The whole mechanism fits in a few lines of numpy: cut the flat parameters into k shards (rank j owns shard j),
+# every rank **pushes** its piece of each shard to the owner, the owner adds the pieces and **updates** its shard
+# (plain SGD here; the optimizer's state would live only at the owner), and every rank **pulls** the updated
+# shards. Bytes are counted per message; a message to oneself is free. The package's numpy round
+# (`ps.ps_round`, the one hvdsync's simulation uses) must give the same parameters and the same bytes.
+
+# %%
+from hvdsync.core.comm.schemes import ps
+
+
+def push_update_pull(grads, params, servers, lr):
+    world = len(grads)
+    sent, received = np.zeros(world, dtype=np.int64), np.zeros(world, dtype=np.int64)
+    new = params.copy()
+    for owner, idx in enumerate(np.array_split(np.arange(params.size), servers or world)):
+        pushed = np.sum([g[idx] for g in grads], axis=0)     # push: every rank's piece of this shard
+        new[idx] = params[idx] - lr * pushed / world          # update at the owner (op average)
+        piece = idx.size * params.itemsize
+        for r in range(world):
+            if r != owner:
+                sent[r] += piece                              # push: r -> owner
+                received[owner] += piece
+                sent[owner] += piece                          # pull: owner -> r
+                received[r] += piece
+    return [new.copy() for _ in range(world)], sent, received
+
+
+rng = np.random.default_rng(0)
+for world, servers in ((2, 0), (4, 1), (4, 0), (8, 2), (8, 0)):
+    params, grads = rng.normal(size=1001), [rng.normal(size=1001) for _ in range(world)]
+    mine, sent, received = push_update_pull(grads, params, servers, lr=0.1)
+    theirs, traffic = ps.ps_round(grads, params, servers, lambda _server, p, g: p - 0.1 * g)
+    assert all(np.array_equal(a, b) for a, b in zip(mine, theirs))
+    assert sent.tolist() == traffic.sent.tolist() and received.tolist() == traffic.received.tolist()
+    print(f"W={world}, {servers or world} server(s): same parameters and bytes as ps.ps_round; rank 0 sent "
+          f"{sent[0] / params.nbytes:.2f} S, rank 1 sent {sent[1] / params.nbytes:.2f} S")
+
+# %% [markdown]
 # With W = 2 the server's load, (W−1)·S each way, equals any rank's in the ring, 2(W−1)/W·S = S. The numpy
 # simulation counts the same way for more ranks: the server's link grows like W, a ring or sharded rank's stays
 # below 2S, and all three reach the same parameters.
@@ -103,6 +159,11 @@ for world in (4, 8):
         print(f"W={world}, {'one server' if servers == 1 else 'sharded   '}: rank 0 sent {p.traffic.sent[0] / a.traffic.sent[0]:.2f}x "
               f"a ring rank's bytes, other ranks {p.traffic.sent[1] / a.traffic.sent[1]:.2f}x; parameters vs ring {diff:.1e}")
         assert diff < 1e-10
+        ratio = p.traffic.sent[0] / a.traffic.sent[0]
+        if servers == 1:   # the server sends W-1 copies where a ring rank sends 2(W-1)/W of one: W/2 times more
+            assert abs(ratio - world / 2) < 0.01 and p.traffic.received[0] == (world - 1) * p.params[0].nbytes * steps_w
+        else:
+            assert abs(ratio - 1) < 0.01
 worlds = np.array([2, 4, 8, 16, 32, 64])
 # A figure is made and shown in one cell: the inline backend shows and closes it at the end of the cell.
 fig, a1 = plt.subplots(figsize=(6, 3.6))
@@ -121,7 +182,9 @@ plt.show()
 # every size and pattern in turn; each timing the slowest rank's) for 4 and 16 MiB, and one 4-byte all-reduce: the
 # fixed cost of a Horovod call (its negotiation), paid once per call whatever the size. The model as Horovod runs
 # the patterns (`costmodel.horovod_time`: one call for the ring, two for the sharded PS, Gloo's tree broadcast for
-# the single server), with that call cost and alpha, beta fitted to the ring on the same run, predicts the others.
+# the single server), with that call cost and alpha, beta fitted to the ring on the same run, gives a time for
+# the others; the cell prints the model's time over the measured one for each (in this run's numbers, not
+# asserted: other jobs on the same cores move single timings).
 
 # %%
 SIZES = [4 * 2**20, 16 * 2**20]
@@ -149,17 +212,111 @@ for w in (8, 64):
           f"{costmodel.horovod_time('sharded_ps', 1e8, w, link):.2f} s, one server {costmodel.horovod_time('ps', 1e8, w, link):.2f} s")
 
 # %% [markdown]
+# ## 4 · Hierarchical servers, and what a lost worker costs
+#
+# **Hierarchical servers.** On W workers spread over M machines, a flat single server receives a gradient from
+# every worker on the other machines over the network. A two-level server first adds the gradients of each
+# machine's workers on that machine (fast local links), then sends one sum per machine to the global server, and
+# the updated parameters come back the same way. The sum is the same; what crosses machines is counted below,
+# message by message, for the server machine's network link (push direction; the pull is symmetric).
+
+# %%
+def two_level_round(grads, params, machines, lr):
+    per = len(grads) // machines
+    local = [np.sum(grads[m * per:(m + 1) * per], axis=0) for m in range(machines)]   # level 1, inside a machine
+    crossing = {"flat": sum(params.nbytes for r in range(len(grads)) if r // per != 0),
+                "two-level": sum(params.nbytes for m in range(machines) if m != 0)}
+    return params - lr * np.sum(local, axis=0) / len(grads), crossing                   # level 2, the global server
+
+
+print("  W | machines | bytes into the server machine per step, flat / two-level (multiples of S)")
+for world, machines in ((8, 2), (32, 4), (64, 8)):
+    params, grads = rng.normal(size=1000), [rng.normal(size=1000) for _ in range(world)]
+    new, crossing = two_level_round(grads, params, machines, lr=0.1)
+    flat = ps.ps_round(grads, params, 1, lambda _server, p, g: p - 0.1 * g)[0][0]
+    assert np.allclose(new, flat, rtol=0, atol=1e-12), "the same update, only added in a different order"
+    flat_s, two_s = crossing["flat"] / params.nbytes, crossing["two-level"] / params.nbytes
+    assert two_s == machines - 1 < flat_s == world - world // machines, "M-1 machine sums instead of W-W/M gradients"
+    print(f"{world:>3} | {machines:>8} | {flat_s:>5.0f} / {two_s:.0f}")
+
+# %% [markdown]
+# **A lost worker.** In an asynchronous PS every worker pushes and pulls on its own schedule, so the server keeps
+# applying the others' gradients when one worker disappears. In a synchronous step the server (or an all-reduce)
+# needs every worker's gradient, so the step cannot complete: the others wait until a timeout says the worker is
+# gone. Below, 4 worker threads in this process push to one server object (a lock around the update) for 40
+# steps, 2 ms of "compute" each; worker 1 stops for good after 10 pushes, with no error. The synchronous variant
+# waits for all four at a barrier with a 0.5 s timeout before each update. This is a model of the two protocols in
+# threads, not a Horovod job: hvdsync's `sync.mode: ps` is built from Horovod's collectives and is synchronous, so
+# it stops like the second case (notebook 10 shows how an elastic job recovers).
+
+# %%
+import threading
+import time
+
+
+def server_with_a_lost_worker(synchronous, world=4, steps=40, lost_after=10, compute_s=0.002, timeout_s=0.5):
+    lock, barrier = threading.Lock(), threading.Barrier(world, timeout=timeout_s)
+    applied, params, stalled = [0] * world, np.zeros(8), []
+
+    def worker(r):
+        for step in range(steps):
+            if r == 1 and step == lost_after:
+                return                                     # lost: no error, just no more pushes
+            time.sleep(compute_s)                          # computing a gradient
+            if synchronous:
+                t0 = time.perf_counter()
+                try:
+                    barrier.wait()                         # the step needs every worker's gradient
+                except threading.BrokenBarrierError:
+                    stalled.append(time.perf_counter() - t0)
+                    return
+            with lock:                                     # the server applies this worker's push
+                params[:] -= 0.01 * np.ones(8)
+                applied[r] += 1
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(world)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return applied, time.perf_counter() - start, stalled
+
+
+lost = {name: server_with_a_lost_worker(name == "synchronous") for name in ("asynchronous", "synchronous")}
+for name, (applied, seconds, stalled) in lost.items():
+    print(f"{name:>12}: pushes applied per worker {applied}, {seconds:.2f} s"
+          + (f", the others stalled {np.mean(stalled):.2f} s before the timeout gave up" if stalled else ""))
+assert lost["asynchronous"][0] == [40, 10, 40, 40], "async: the other workers finish all their steps"
+assert lost["synchronous"][0] == [10, 10, 10, 10], "sync: nobody gets past the step the lost worker never joins"
+# The first waiter to time out waited the full 0.5 s; the others had arrived a little later at the barrier.
+assert max(lost["synchronous"][2]) >= 0.5 and min(lost["synchronous"][2]) > 0.4, "stuck until the timeout"
+
+fig, ax = plt.subplots(figsize=(6, 3))
+for i, (name, (applied, *_)) in enumerate(lost.items()):
+    ax.bar(np.arange(4) + 0.4 * (i - 0.5), applied, 0.4, label=name)
+ax.set_xticks(range(4), [f"worker {r}" + (" (lost)" if r == 1 else "") for r in range(4)])
+ax.set_ylabel("pushes applied (of 40)"), ax.legend(fontsize=8)
+ax.set_title("Worker 1 lost after 10 pushes")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## What to take away
 #
 # * A parameter server is push (gradients to the owners), update at the owner, pull (parameters back). Built from
 #   Horovod's `alltoall` (plus a local sum at the owner) and `allgather`/`broadcast`, it reaches the ring's
 #   parameters to float rounding, and keeps the optimizer state only at the owner.
 # * One server receives W−1 gradients and sends W−1 copies per step: its link is the bottleneck and grows with W
-#   (counted above: W/2 times a ring rank's traffic, (W−1)·S in each direction against the S a ring rank hands to
-#   its all-reduce).
+#   (counted and asserted above: W/2 times a ring rank's traffic, (W−1)·S in each direction against the S a ring
+#   rank hands to its all-reduce).
 # * Sharding over every rank removes the bottleneck: reduce-scatter + all-gather *is* the ring all-reduce, the same
 #   bytes per rank. Run through Horovod it is two calls where the ring is one, so the model gives it the ring's
 #   time plus one call's negotiation.
-# * With W = 2 the single server moves the same bytes as a ring rank and the difference is its extra step; at
-#   4 workers (`python benchmarks/costmodel.py --np 4`) rank 0 of one server receives 3 whole buffers, and the
-#   model says how it grows.
+# * With W = 2 the single server moves the same bytes as a ring rank (asserted in section 2); at 4 workers the
+#   simulation counts (W−1)·S = 3 whole buffers into rank 0 of one server per step (asserted), and the model says
+#   how it grows.
+# * A two-level server adds each machine's gradients locally and sends one sum per machine: the server machine's
+#   link carries M−1 instead of W−W/M gradients per step (counted in section 4, with the same update).
+# * An asynchronous server keeps applying the other workers' pushes when one is lost; a synchronous step stops
+#   until a timeout notices (section 4, asserted on a thread model). hvdsync's `sync.mode: ps` is synchronous.

@@ -16,12 +16,29 @@
 # %% [markdown]
 # # 07 · 七、通信与计算重叠 — Overlapping communication with computation
 #
+# > **The guide's section covers:**
+# > * start each gradient's all-reduce as soon as backward has produced it, so that communication runs while the
+# >   earlier layers are still being differentiated (Horovod's per-parameter hooks, DDP's buckets);
+# > * fuse small gradients into one buffer (tensor fusion / bucket size): fewer fixed costs, at the price of waiting
+# >   to fill the buffer;
+# > * the layers whose gradients come first (near the output) are the ones that can hide;
+# > * overlap the next batch's loading with the current step's compute and communication (prefetching);
+# > * measure the overlap (a timeline / profiler) instead of assuming it.
+# >
+# > **Shown here:** section 1 computes the hidden share inline from Horovod's timeline and checks the package's
+# > `timeline.overlap` against it, for hooks vs after backward, two layer orders and fusion 0 / 64 MiB; section 2
+# > draws one step per tensor (ready vs reduced); section 3 is what **hvdsync does by default** (one grouped
+# > all-reduce after backward up to `sync.grouped_mb`, the hooks above it), measured on the same model; section 4
+# > loads the next batch while the step computes and all-reduces, measured.
+#
 # Backward computes gradients from the last layer to the first. The last layer's gradient is final long before
 # backward is over, so its all-reduce can run *while* the earlier layers are still being differentiated. Horovod's
 # `DistributedOptimizer` does exactly that: it registers a hook on every parameter, and the moment a gradient is
 # ready the hook hands it to Horovod's background thread, which every `HOROVOD_CYCLE_TIME` fuses what is ready (up
 # to `HOROVOD_FUSION_THRESHOLD` bytes) and all-reduces it. Whatever finishes before backward does is **hidden**;
-# only the rest shows up as waiting (`sync_wait` in hvdsync's phase timers).
+# only the rest shows up as waiting (`sync_wait` in hvdsync's phase timers). hvdsync's PyTorch training uses these
+# hooks only for models whose gradients exceed `sync.grouped_mb` (25 MiB by default); smaller ones are all-reduced
+# in one grouped call after backward, with no overlap (section 3).
 #
 # We measure it with Horovod's own instrument, the **timeline** (`HOROVOD_TIMELINE`: a Chrome trace written by
 # rank 0 with, per tensor, negotiation, queueing, the fusion-buffer copies and the all-reduce), parsed by
@@ -49,27 +66,137 @@ from hvdlab.torch import overlap
 
 folder = Path(tempfile.mkdtemp(prefix="hvdsync-nb07-"))
 THRESHOLDS = [0, 64]
-jobs = {}
+LOAD_S = 0.03   # section 4: what loading one batch costs (a sleep standing in for reading and decoding: I/O)
+
+
+def probe_and_more(extra, **kwargs):
+    """overlap.probe; then, in the job at the default fusion threshold, sections 3 and 4 (one start-up for all)."""
+    rows = overlap.probe(**kwargs)
+    if not extra:
+        return {"rows": rows}
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import horovod.torch as hvd
+    import torch
+
+    import hvdsync.torch as ht
+    from hvdsync.config import SyncConfig
+    from hvdsync.torch.grouped import GroupedOptimizer
+
+    widths = overlap.layer_widths("big_last")
+
+    def model_and_optimizer(sync):      # the probe's big_last MLP, from the same seed
+        torch.manual_seed(0)
+        layers = [m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())][:-1]
+        model = torch.nn.Sequential(*layers)
+        return model, ht.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=1e-3), model, sync)
+
+    x = torch.randn(kwargs["batch"], widths[0])
+    hvdsync_rows = []
+    for label, sync in (("default (grouped_mb 25)", SyncConfig()), ("grouped_mb 8", SyncConfig(grouped_mb=8))):
+        model, opt = model_and_optimizer(sync)
+        windows, steps_s = [], []
+        hvd.allreduce(torch.zeros(1), name=f"nb07.{label}.start")
+        for i in range(1 + kwargs["steps"]):   # one warm-up step, then the timed ones
+            t0 = time.time()
+            if i == 1:
+                start = t0
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            b0 = time.time()
+            loss.backward()
+            b1 = time.time()
+            opt.step()
+            if i:
+                windows.append((b0, b1))
+                steps_s.append(time.time() - t0)
+        end = time.time()
+        hvd.allreduce(torch.zeros(1), name=f"nb07.{label}.end")
+        # Horovod's DistributedOptimizer is a class made at run time and named after the wrapped one (SGD).
+        grouped = isinstance(opt, GroupedOptimizer)
+        hvdsync_rows.append({"label": label, "grouped": grouped, "segment": (start, end),
+                             "backward": windows, "step_seconds": steps_s,
+                             "gradient_mib": sum(p.numel() * 4 for p in model.parameters()) / 2**20})
+
+    small = x[:32]      # a smaller batch keeps these 24 extra steps short
+
+    def load(i):
+        time.sleep(LOAD_S)
+        return small
+
+    prefetch_rows = {}
+    model, opt = model_and_optimizer(SyncConfig())
+    with ThreadPoolExecutor(1) as pool:
+        for prefetch in (False, True, False, True):     # interleaved: a slow spell of the machine hits both
+            ahead = pool.submit(load, 0)
+            steps_s, waits_s = [], []
+            for i in range(6):
+                t0 = time.time()
+                if prefetch:
+                    batch = ahead.result()
+                    ahead = pool.submit(load, i + 1)  # the next batch loads while this one computes and all-reduces
+                else:
+                    batch = load(i)
+                waits_s.append(time.time() - t0)      # how long this step waited for its batch
+                opt.zero_grad()
+                model(batch).square().mean().backward()
+                opt.step()
+                steps_s.append(time.time() - t0)
+            ahead.result()
+            got = prefetch_rows.setdefault(prefetch, {"step": [], "wait": []})
+            got["step"] += steps_s[1:]               # the first step waits for its first load either way
+            got["wait"] += waits_s[1:]
+    return {"rows": rows, "hvdsync": hvdsync_rows, "prefetch": prefetch_rows}
+
+
+jobs, extras = {}, {}
 start = time.perf_counter()
 for mb in THRESHOLDS:
     path = folder / f"timeline-fusion{mb}.json"
-    rows = launch.run(overlap.probe, kwargs={"batch": 256, "steps": 4, "warmup": 1}, np=2,
-                      sync=SyncConfig(fusion_threshold_mb=mb), env={"HOROVOD_TIMELINE": str(path)},
-                      progress=False)[0]
-    jobs[mb] = (rows, timeline.read(path))
+    out = launch.run(probe_and_more, args=(mb == 64,), kwargs={"batch": 256, "steps": 4, "warmup": 1}, np=2,
+                     sync=SyncConfig(fusion_threshold_mb=mb), env={"HOROVOD_TIMELINE": str(path)},
+                     progress=False)[0]
+    jobs[mb] = (out["rows"], timeline.read(path))
+    extras.update({k: v for k, v in out.items() if k != "rows"})
 print(f"2 jobs x 2 orders x 2 variants in {time.perf_counter() - start:.0f} s; "
       f"widths big_last {overlap.layer_widths('big_last')}, big_first {overlap.layer_widths('big_first')}")
 
 # %% [markdown]
 # ## 1 · How much of the all-reduce hides behind backward
+#
+# The measurement itself is interval arithmetic: merge the all-reduce spans of the timeline into the time during
+# which *some* all-reduce was running, merge the backward windows the worker stamped, and divide the length of
+# their intersection by the first. Written out here, then checked against the package's
+# `hvdsync.core.telemetry.timeline.overlap` on every row.
 
 # %%
+def merged(intervals):
+    """Sorted, non-overlapping union of (start, end) intervals."""
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def hidden_share(spans, windows):
+    """Share of the time some all-reduce was running that fell inside a backward window."""
+    busy, compute = merged((s.start, s.end) for s in spans), merged(windows)
+    inside = sum(max(0.0, min(b, d) - max(a, c)) for a, b in busy for c, d in compute)
+    total = sum(b - a for a, b in busy)
+    return inside / total if total else 0.0
+
+
 table = []
 for mb, (rows, tl) in jobs.items():
     for row in rows:
         spans = tl.select(op="ALLREDUCE", name=row["bytes"].__contains__, between=row["segment"])
         assert {s.name for s in spans} == set(row["bytes"]), "every gradient appears in the timeline"
-        hidden = timeline.overlap(spans, row["backward"])
+        hidden = hidden_share(spans, row["backward"])
+        assert abs(hidden - timeline.overlap(spans, row["backward"])) < 1e-9, "inline and package agree"
         busy = timeline.busy_seconds(spans) / len(row["backward"])
         backward = np.mean([b - a for a, b in row["backward"]])
         table.append((mb, row["order"], row["variant"], hidden, busy, backward, np.median(row["step_seconds"])))
@@ -78,6 +205,11 @@ for mb, order, variant, hidden, busy, backward, step in table:
     print(f"{mb:>3} MiB | {order:11} | {variant:14} | {hidden:6.1%} | {busy * 1e3:12.1f} ms       | "
           f"{backward * 1e3:5.1f} ms | {step * 1e3:6.1f} ms")
 assert all(h < 0.05 for _, _, v, h, *_ in table if v == "after_backward")   # nothing can hide there
+print("the inline hidden share equals timeline.overlap on all", len(table), "rows")
+best = max((h, mb, o) for mb, o, v, h, *_ in table if v == "hooks")
+assert best[0] > 0.05, "with the hooks, part of the all-reduce runs during backward"
+print(f"in this run: the hooks hid up to {best[0]:.0%} of the all-reduce time ({best[2]}, fusion {best[1]} MiB); "
+      f"after backward at most {max(h for _, _, v, h, *_ in table if v == 'after_backward'):.1%}")
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 3.4))
@@ -123,14 +255,97 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ## 3 · What hvdsync does by default: one grouped all-reduce after backward, for models up to `sync.grouped_mb`
+#
+# Sections 1 and 2 measured Horovod's hooks. They are **not** what hvdsync's PyTorch training uses for small
+# models. `hvdsync.torch.distributed_optimizer` (which `fit` and `build` call) adds up the bytes of the gradients
+# that train (`hvdsync.torch.grouped.groups_after_backward`):
+#
+# * **at most `sync.grouped_mb` MiB (default 25, like DDP's first bucket)**: a `GroupedOptimizer`, which waits
+#   for the whole backward (all `sync.accumulate` passes) and hands every gradient to Horovod in ONE
+#   `hvd.grouped_allreduce`: nothing overlaps backward, and a step pays Horovod's fixed cost per round (a cycle's
+#   wait, the negotiation) once instead of once per group of hooks. A small model's backward is over before a
+#   hook's all-reduce could hide behind it, which is why this is the default;
+# * **above it, or with `sync.grouped_mb: 0`**: Horovod's `DistributedOptimizer` with its per-parameter hooks,
+#   whose all-reduces overlap the rest of backward as in section 1. `sync.op: adasum` and
+#   `sync.sparse: allgather` always keep the hooks;
+# * codecs that change a gradient's shape (`topk`, `randk`, `int8`, `powersgd`) reduce after backward whatever
+#   the size, `sync.mode` other than `allreduce` has its own optimizer, and TensorFlow always reduces in one
+#   grouped call.
+#
+# The fusion-64 MiB job above also trained the probe's `big_last` model through `distributed_optimizer`, at the
+# default and with `grouped_mb: 8` (below this model's gradient size, so the hooks), and the same timeline says
+# how much of the all-reduce hid behind backward.
+
+# %%
+tl64 = jobs[64][1]
+for row in extras["hvdsync"]:
+    spans = tl64.select(op="ALLREDUCE", between=row["segment"])
+    row["hidden"] = hidden_share(spans, row["backward"])
+    kind = "one grouped call after backward" if row["grouped"] else "Horovod's hooks"
+    print(f"{row['label']:24}: {row['gradient_mib']:.1f} MiB of gradients -> {kind:31} hidden {row['hidden']:6.1%}, "
+          f"step (median) {np.median(row['step_seconds']) * 1e3:.1f} ms")
+default, hooks = extras["hvdsync"]
+assert default["gradient_mib"] <= 25 and default["grouped"], "a model under 25 MiB is grouped by default"
+assert not hooks["grouped"], "above sync.grouped_mb hvdsync keeps Horovod's hooks"
+assert default["hidden"] < 0.05, "the grouped call starts after backward: nothing hides"
+print(f"in this run the step took {np.median(default['step_seconds']) * 1e3:.0f} ms grouped and "
+      f"{np.median(hooks['step_seconds']) * 1e3:.0f} ms with the hooks (medians of {len(hooks['step_seconds'])})")
+
+# %% [markdown]
+# Whether the hooks' overlap pays for their extra rounds depends on the model and the machine: the 25 MiB default
+# was chosen on small models, whose backward is over before a hook's all-reduce could hide behind it
+# (`docs/measurements/training.md`, "The small CNN against DDP"). For a model like this one, set
+# `sync.grouped_mb` below its gradient size and compare the step times, as above.
+
+# %% [markdown]
+# ## 4 · Overlap with the next batch
+#
+# Communication is not the only thing a step can hide: the *next* batch can be loaded while this one computes
+# and all-reduces. In the same job, the same model (hvdsync's default optimizer, batches of 32) trained six steps
+# at a time with the loading in line, then with a thread loading batch i + 1 as soon as step i has its batch (the
+# `pool.submit` line in `probe_and_more`), alternating twice, timing how long each step waited for its batch and
+# the whole step. Loading is a 30 ms sleep standing in for reading
+# and decoding (I/O, which leaves the cores to the step); a torch `DataLoader` with `num_workers` does the same
+# with processes (notebook 02 measures it).
+
+# %%
+pre = {k: {m: 1e3 * np.array(v) for m, v in extras["prefetch"][k].items()} for k in (False, True)}
+in_line, ahead = pre[False], pre[True]
+print(f"waiting for the batch, per step (median of {len(in_line['wait'])}): {np.median(in_line['wait']):.1f} ms in "
+      f"line, {np.median(ahead['wait']):.1f} ms prefetched (loading takes {LOAD_S * 1e3:.0f} ms)")
+print(f"in this run the whole step took {np.median(in_line['step']):.1f} ms in line and {np.median(ahead['step']):.1f} "
+      "ms prefetched (medians; step times on shared cores scatter far more than the loading)")
+# Checked on the wait, which the step's own noise does not reach: prefetched, the batch is (nearly) ready.
+assert np.median(ahead["wait"]) < 0.5 * LOAD_S * 1e3 <= np.median(in_line["wait"]), "prefetching hides the loading"
+
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+for ax, metric in ((a1, "wait"), (a2, "step")):
+    ax.boxplot([in_line[metric], ahead[metric]], vert=False)
+    ax.set_yticks([1, 2], ["loading in line", "next batch prefetched"])
+    ax.set_xlabel(f"{metric} per step (ms), 2 workers")
+a1.axvline(LOAD_S * 1e3, color="grey", ls=":", label="one load"), a1.legend(fontsize=8)
+a1.set_title("Waiting for the batch"), a2.set_title("The whole step")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## What to take away
 #
-# * Horovod starts each gradient's all-reduce from a hook as soon as backward produces it, so part of the
-#   communication runs while backward is still computing; an all-reduce started after backward hides nothing.
+# * Horovod's hooks start each gradient's all-reduce as soon as backward produces it, so part of the communication
+#   runs while backward is still computing (asserted: over 5 % in the best row; in this run the share printed in
+#   section 1); an all-reduce started after backward hides nothing (asserted: under 5 % in every row).
+# * **hvdsync's PyTorch default is the second kind for small models**: gradients up to `sync.grouped_mb` (25 MiB)
+#   go in one grouped all-reduce after backward, no overlap, one fixed cost per step; bigger models, or
+#   `sync.grouped_mb: 0`, get the hooks (section 3, asserted on the probe's model, whose size it prints).
 # * The timeline is the instrument: per tensor it shows when the request arrived, when the collective ran and what
-#   it did; `hvdsync.core.telemetry.timeline` turns it into spans comparable with the workers' clocks.
-# * Layer order matters: gradients of layers near the output are ready first. Big layers there leave the rest of
-#   backward to hide their all-reduce; big layers near the input are ready last, with little left to hide behind.
+#   it did; the hidden share is a few lines of interval arithmetic on it (section 1, equal to
+#   `hvdsync.core.telemetry.timeline.overlap`).
+# * Layer order decides what can hide: gradients of layers near the output are ready first, big layers near the
+#   input are ready last (section 2 shows when each gradient was ready; section 1 prints the hidden share of
+#   both orders in this run).
 # * The fusion threshold trades per-message latency (many small all-reduces) against waiting to fill a buffer;
-#   which wins depends on the sizes, the cycle time and the link (on this 2-core machine the workers and Horovod's
-#   threads also compete for the same cores, which limits how much can overlap at all).
+#   which wins depends on the sizes, the cycle time and the link, and on a small machine the workers and Horovod's
+#   threads compete for the same cores, which limits how much can overlap at all.
+# * Loading the next batch while the step runs hides the loading: the step waits for its batch less than half a
+#   load (section 4, asserted; the step times of this run are printed there).
