@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test lab bench clean-horovod-cache docker-cpu docker-gpu docker-test
+.PHONY: install demo test lab bench clean-horovod-cache docker-cpu docker-gpu docker-gpu-torch docker-gpu-tf docker-test docs docs-check
 
 install:
 	HVDSYNC_VENV=$(VENV) bash scripts/install.sh
@@ -33,6 +33,18 @@ bench: install
 	$(PY) benchmarks/shares.py --record make-bench
 	$(PY) benchmarks/index.py --check
 
+# The documentation site in site/ (README, "Documentation site"): the guides, the API reference, the benchmark results
+# and every notebook rendered with its outputs. Executed copies the notebook tests left in build/notebooks are reused;
+# the others are executed (DOCS_ARGS="--missing render --stale render" executes none). docs-check opens every page in
+# a headless chromium: opt-in, not part of `make test`.
+docs: install
+	HVDSYNC_VENV=$(VENV) bash scripts/install_docs_deps.sh
+	$(PY) -m scripts.docs.build $(DOCS_ARGS)
+
+docs-check: docs
+	HVDSYNC_VENV=$(VENV) bash scripts/install_docs_deps.sh --browser
+	$(PY) -m scripts.docs.check
+
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"
 
@@ -42,6 +54,13 @@ docker-cpu:
 
 docker-gpu:
 	python3 docker/build.py gpu
+
+# One GPU image per framework, each with its own CUDA (docker/README.md, "Two GPU images"); docker-gpu is gpu-torch.
+docker-gpu-torch:
+	python3 docker/build.py gpu-torch
+
+docker-gpu-tf:
+	python3 docker/build.py gpu-tf
 
 # Opt-in tests: build both images, run the demo and the smoke test in the CPU one, check-build in the GPU one.
 docker-test: install
