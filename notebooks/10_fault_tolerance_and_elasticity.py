@@ -16,6 +16,18 @@
 # %% [markdown]
 # # 10 · 十、容错与弹性训练 — Fault tolerance and elasticity
 #
+# **The guide's section covers:**
+# * one failed worker stalls a synchronous job: every all-reduce waits for every rank;
+# * checkpoints: save regularly, atomically, and resume from the last good one;
+# * elastic training: survivors continue on fewer workers, new workers join, without restarting the job;
+# * the data and the learning rate must follow the new number of workers;
+# * frameworks that provide it (Horovod Elastic, TorchElastic / torchrun).
+#
+# **Shown here:** §1 a worker killed with SIGKILL mid-epoch: the job shrinks to one worker and grows back to two
+# (recovery times printed, the grow-back asserted); §2 every sample read exactly once across the resizes, and equal
+# parameters; §3 every worker killed, a damaged newest checkpoint skipped, and the resumed job's start step read
+# from the job itself and asserted.
+#
 # A synchronous job is only as alive as its slowest, or deadest, worker: every step ends in an all-reduce that waits
 # for every rank. Kill one process and, without help, the others wait in that all-reduce until a timeout, and the
 # work since the last checkpoint is gone. **Elastic training** turns that into a short pause:
