@@ -178,6 +178,27 @@ def busiest_rank_bytes(pattern: str, size_bytes: float, n: int, servers: int = 1
     return table[pattern]()
 
 
+def step_time(compute_s: float, wire_bytes: float, n: int, link: Link, encode_s: float = 0.0,
+              pattern: str = "ring") -> float:
+    """Seconds of one training step that synchronises ``wire_bytes`` per rank with nothing hidden under compute:
+    the step's compute, plus the codec's encode and decode (``encode_s``), plus the collective over ``link``.
+
+    The encoding term matters where the link is slow enough that a codec is chosen: a top-k over millions of values
+    or PowerSGD's products run on the same cores as the rest of the step, and once the bytes have shrunk 50-170x
+    they can cost more than the transfer they save (:mod:`hvdlab.bench.link_encode` measures it per codec).
+
+    Example:
+        >>> link = Link(alpha=100e-6, beta=8 / 1e9)                   # 1 Gbit/s
+        >>> round(step_time(0.05, 17e6, 2, link) * 1e3, 1)             # fp32: the transfer dominates
+        186.2
+        >>> round(step_time(0.05, 0.35e6, 2, link, encode_s=0.1) * 1e3, 1)   # top-k 1 %: the encoding does
+        153.0
+    """
+    if compute_s < 0 or encode_s < 0:
+        raise ValueError(f"compute_s, encode_s: {compute_s!r}, {encode_s!r} are not allowed; expected seconds >= 0")
+    return compute_s + encode_s + predict(pattern, wire_bytes, n, link)
+
+
 # ---- fitting ---------------------------------------------------------------------------------------------------
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float], n: int, gamma: float = 0.0,
              name: str = "fitted", call: float = 0.0, mu: float | Sequence[float] = 0.0) -> Link:

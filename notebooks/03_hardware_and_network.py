@@ -16,6 +16,18 @@
 # %% [markdown]
 # # 03 · 三、硬件与网络 — Hardware and network
 #
+# > **The guide's section covers:**
+# > * what bounds a synchronous step: the compute, the collective, and under the collective the links' bandwidth
+# >   and latency;
+# > * the alpha-beta(-gamma) cost model of collectives, and fitting it to measurements;
+# > * interconnects: NVLink/NVSwitch and PCIe inside a node, InfiniBand, RoCE and Ethernet between nodes;
+# > * the communication libraries: NCCL on GPUs, Gloo (and MPI) on CPUs.
+# >
+# > **Shown here:** this machine's cores, memory and loopback measured live; Horovod's all-reduce timed live and the
+# > model fitted to it; the model on vendors' fabric figures (predictions); and training between two test hosts over
+# > a link limited from 100 Mbit/s to unlimited, from a recorded run of `benchmarks/link.py` (step times, bytes on the
+# > link, the cost model's prediction).
+#
 # A synchronous step waits for its all-reduce, and the all-reduce is only as fast as the links it runs over. The
 # classic way to reason about it is the **alpha-beta(-gamma) model**: a message of m bytes costs `alpha + m·beta`
 # (alpha: latency and software cost per message; beta: seconds per byte, 1/bandwidth), and adding a received buffer
@@ -128,7 +140,54 @@ plt.show()
 assert values[0] < values[1] < values[-1]          # NVLink < PCIe 5 < this machine's loopback
 
 # %% [markdown]
-# ## 3 · NCCL vs Gloo
+# ## 3 · Two hosts over a slow link (recorded)
+#
+# On one machine the "network" is a memory copy. `benchmarks/link.py` puts the job's 2 workers on 2 test hosts
+# (Linux network namespaces joined by a bridge, sshd in each) and limits each host's outgoing link with
+# `tc ... tbf rate R`, then trains the 4.2 M-parameter MLP of `benchmarks/compression.py` once per codec at each
+# rate. It needs root, so this notebook does not run it: the numbers below are **from the record** (its date and
+# command are printed), not from this run. The cost model predicts each step as measured compute + the codec's
+# measured encode/decode time + a ring all-reduce of the codec's bytes over the link's measured rate.
+
+# %%
+import json
+from pathlib import Path
+
+RECORD = "2026-12-02-sweep-full-torch-run2"
+folder = Path("../benchmarks/results/link")   # relative to notebooks/, where the notebook runs
+sweep = json.loads((folder / f"{RECORD}.json").read_text())
+command = json.loads((folder / "records.json").read_text())["records"][RECORD]["command"]
+print(f"record {RECORD} (from `{command}`), recorded on a shared 2-core machine "
+      f"(load average at start {sweep['load_average']['start'][0]:.1f})")
+print("link rate one TCP stream measured: " + ", ".join(f"{r} {v:,.0f} MB/s" for r, v in sweep["link_MBps"].items()))
+rows = [r for r in sweep["rows"] if r["framework"] == "torch" and r["compression"] in ("none", "fp16", "powersgd:2")]
+rates = sweep["rates"]
+fig, ax = plt.subplots(figsize=(8, 3.6))
+for codec, style in (("none", "ko-"), ("fp16", "bs-"), ("powersgd:2", "g^-")):
+    steps = [next(r["step_ms"] for r in rows if r["rate"] == rate and r["compression"] == codec) for rate in rates]
+    model = [next(r["predicted_ms"] for r in rows if r["rate"] == rate and r["compression"] == codec) for rate in rates]
+    ax.plot(rates, steps, style, label=f"{codec} measured")
+    ax.plot(rates, model, style[0] + ":", alpha=0.6, label=f"{codec} cost model")
+ax.set_yscale("log")
+ax.set_xlabel("link rate (tc tbf; none = unlimited veth)"), ax.set_ylabel("step time (ms, log)")
+ax.set_title("PyTorch, 2 hosts x 1 worker, 4.2 M parameters (recorded)")
+ax.legend(fontsize=7, ncol=3)
+plt.tight_layout()
+plt.show()
+print(f"{'rate':<8} {'codec':<11} {'link MB/step':>12} {'step ms':>8} {'model ms':>9} {'pred/meas':>9}")
+for r in rows:
+    print(f"{r['rate']:<8} {r['compression']:<11} {r['link_bytes_per_step'] / 1e6:>12.2f} {r['step_ms']:>8.1f} "
+          f"{r['predicted_ms']:>9.1f} {r['predicted_ms'] / r['step_ms']:>9.2f}")
+slow = {r["compression"]: r["step_ms"] for r in rows if r["rate"] == rates[0]}
+free = {r["compression"]: r["step_ms"] for r in rows if r["rate"] == "none"}
+print(f"in the record: fp32 step {slow['none'] / free['none']:.1f}x longer at {rates[0]} than unlimited; "
+      f"fp16 / fp32 at {rates[0]}: {slow['fp16'] / slow['none']:.2f}")
+# The link carries what the codec hands Horovod (ring factor 1 on 2 ranks), within a few % of headers.
+assert all(0.95 < r["link_over_wire"] < 1.1 for r in rows if r["compression"] in ("none", "fp16"))
+assert slow["none"] > 3 * free["none"] and slow["fp16"] < 0.75 * slow["none"]
+
+# %% [markdown]
+# ## 4 · NCCL vs Gloo
 #
 # Horovod hands the collective to a library. **Gloo** (Facebook's) runs on CPUs over TCP: a CPU thread copies the
 # buffer into socket writes and adds the received chunks (our gamma), so on GPUs every gradient would first cross
@@ -148,3 +207,6 @@ assert values[0] < values[1] < values[-1]          # NVLink < PCIe 5 < this mach
 #   NDR 50 GB/s, 25 GbE 3.1 GB/s per direction.
 # * The ring's bandwidth term hardly grows with the number of ranks; a single server's does (notebook 04).
 # * NCCL on GPUs, Gloo on CPUs: same algorithms, different links and where the adds happen.
+# * Over a real bandwidth limit the bytes are the step: in the record above, the fp32 step at the slowest rate is
+#   several times the unlimited one, and halving the bytes (fp16) cuts it by about as much as the link's share of
+#   the step (the printed ratios; asserted: more than 3x, and below 0.75x).

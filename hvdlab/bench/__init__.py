@@ -11,6 +11,8 @@ the runners share and the parts that do not fit in a runner.
     idle_loop, launch_overhead     parts of ``knobs.py``
     codec_seeds                    a part of ``compression.py``
     gpu_links                      a part of ``gpu.py``
+    link_report, link_encode,      ``link.py``: its rows and tables, each codec's encoding time on the workers, DDP's
+    link_ddp, link_probe           hooks over the same link, the link's rate as one TCP stream gets it
     shares_common, shares_timeline the straggler benchmarks' shared setup, and the ``timeline`` part of ``shares.py``
 
 Importing this package imports nothing else: every module imports its framework where it measures.

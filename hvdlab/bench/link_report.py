@@ -1,0 +1,120 @@
+"""Rows and tables of ``benchmarks/link.py``: what one run measured, what the cost model predicts for it, and the
+ratios the issue's targets are stated in."""
+from __future__ import annotations
+
+import statistics
+
+from hvdlab import costmodel
+
+ALPHA_S = 100e-6  # per-message cost of Gloo over TCP between namespaces: small next to the transfers here
+
+
+def rate_bits(rate: str) -> float | None:
+    """``"100mbit"`` -> 1e8 bits/s; ``"none"`` -> None (no limit)."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    if rate == "none":
+        return None
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            try:
+                return float(rate[: -len(unit)]) * scale
+            except ValueError:
+                break
+    raise ValueError(f"rate: {rate!r} is not allowed; expected <number>kbit|mbit|gbit or none")
+
+
+def label(cfg: dict) -> str:
+    """A run's column name: its codec, or its sync mode and period (``local_sgd:4``)."""
+    sync = cfg["sync"]
+    return sync["compression"] if sync["mode"] == "allreduce" else f"{sync['mode']}:{sync['period']}"
+
+
+def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int = 2) -> dict:
+    """One hvdsync run (a :func:`hvdsync.launch.train_many` result) at ``rate``.
+
+    The prediction: the step's compute (its non-sync part, measured) plus the codec's encode + decode time
+    (measured on the workers, :mod:`hvdlab.bench.link_encode`) plus the ring of the codec's bytes over a link of
+    ``link_bps`` bytes/s (:func:`hvdlab.costmodel.step_time`). On n = 2 ranks a ring all-reduce and an all-gather
+    both send each rank's buffer once, so the codec's bytes are what crosses the link.
+    """
+    history = result["history"]
+    steady = history[1:] or history
+    step = statistics.fmean(h["step_seconds_max_rank"] for h in steady)
+    phases = result["phase_seconds"]
+    # Local SGD averages inside the optimizer's step (the "update" phase), not in sync_wait.
+    waiting = ("sync_wait",) if result["config"]["sync"]["mode"] == "allreduce" else ("sync_wait", "update")
+    sync_share = sum(phases.get(k, 0.0) for k in waiting) / (sum(phases.values()) or 1.0)
+    steps = max(1, result["optimizer_steps"])
+    wire = result["wire"]["bytes"] / steps
+    link = (result.get("link_bytes") or {}).get("sent", 0) / steps
+    compute = step * (1 - sync_share)
+    predicted = costmodel.step_time(compute, wire, n, costmodel.Link(ALPHA_S, 1 / link_bps), encode_s)
+    return {"rate": rate, "framework": result["config"]["train"]["framework"], "compression": label(result["config"]),
+            "numel": result["numel"], "steps": steps, "wire_bytes_per_step": wire, "link_bytes_per_step": link,
+            "link_over_wire": link / wire if wire else None, "step_ms": 1e3 * step, "sync_share": sync_share,
+            "compute_ms": 1e3 * compute, "encode_ms": 1e3 * encode_s, "link_MBps": link_bps / 1e6,
+            "predicted_ms": 1e3 * predicted, "accuracy": result["test_accuracy"],
+            "ranks_identical": result["param_spread"] == 0.0}
+
+
+def ddp_row(result: dict, rate: str) -> dict:
+    """One DDP run (:func:`hvdlab.bench.link_ddp.fit`); its link bytes are node1's counters over the run per step.
+    No prediction: DDP overlaps its all-reduce with the backward pass, and its split of a step is not measured."""
+    steps = max(1, result["steps"])
+    link_bytes = result["link_bytes"]
+    return {"rate": rate, "framework": "torch", "compression": result["compression"], "numel": result["numel"],
+            "steps": steps, "wire_bytes_per_step": None, "link_bytes_per_step": link_bytes / steps,
+            "link_over_wire": None, "step_ms": 1e3 * result["step_s"], "sync_share": None, "compute_ms": None,
+            "encode_ms": None, "link_MBps": None, "predicted_ms": None, "accuracy": result["accuracy"],
+            "ranks_identical": None}
+
+
+def _f(value, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def table(rows: list[dict]) -> str:
+    """The sweep's table; ``x none`` is the ratio to hvdsync's ``none`` at the same rate and framework."""
+    lines = [f"{'rate':<8} {'framework':<10} {'run':<15} {'link B/step':>12} {'link/wire':>9} {'step ms':>8} "
+             f"{'x none':>7} {'sync %':>7} {'encode ms':>9} {'model ms':>9} {'pred/meas':>9} {'accuracy':>9}"]
+    for r in rows:
+        base = next((b for b in rows if b["compression"] == "none" and b["rate"] == r["rate"]
+                     and b["framework"] == r["framework"]), None)
+        r["time_ratio"] = r["step_ms"] / base["step_ms"] if base else None
+        r["pred_over_meas"] = r["predicted_ms"] / r["step_ms"] if r["predicted_ms"] else None
+        lines.append(f"{r['rate']:<8} {r['framework']:<10} {r['compression']:<15} {r['link_bytes_per_step']:>12,.0f} "
+                     f"{_f(r['link_over_wire'], '.3f', 9)} {r['step_ms']:>8.1f} {_f(r['time_ratio'], '.2f', 7)} "
+                     f"{_f(r['sync_share'] and 100 * r['sync_share'], '.1f', 7)} {_f(r['encode_ms'], '.1f', 9)} "
+                     f"{_f(r['predicted_ms'], '.1f', 9)} {_f(r['pred_over_meas'], '.2f', 9)} "
+                     f"{r['accuracy']:>9.4f}")
+    return "\n".join(lines)
+
+
+PEERS = {"none": "ddp", "fp16": "ddp-fp16", "powersgd:2": "ddp-powersgd:2"}
+
+
+def versus_ddp(rows: list[dict]) -> list[dict]:
+    """hvdsync's step time over DDP's with the matching hook, per rate (target <= 1.0)."""
+    out = []
+    for r in rows:
+        if r["framework"] != "torch" or r["compression"] not in PEERS:
+            continue
+        peer = next((d for d in rows if d["compression"] == PEERS[r["compression"]] and d["rate"] == r["rate"]), None)
+        if peer:
+            out.append({"rate": r["rate"], "hvdsync": r["compression"], "ddp": peer["compression"],
+                        "ratio": r["step_ms"] / peer["step_ms"], "accuracy_delta": r["accuracy"] - peer["accuracy"]})
+    return out
+
+
+def scaling_row(two: dict, four: dict, link_bps: float) -> dict:
+    """4 workers on 2 hosts against 2 on 1 at the same per-worker batch: efficiency = per-worker throughput of the
+    4 over that of the 2 (their step-time ratio), and the cost model's bound: the 2-worker step over the
+    4-worker step it predicts, the 4's compute plus a ring of 4 ranks whose 2 cross-host edges each carry
+    2 (n-1)/n S = 1.5 S over one link direction."""
+    s2, s4 = (statistics.fmean(h["step_seconds_max_rank"] for h in (r["history"][1:] or r["history"])) for r in (two, four))
+    share = four["phase_seconds"].get("sync_wait", 0.0) / (sum(four["phase_seconds"].values()) or 1.0)
+    wire = four["wire"]["bytes"] / max(1, four["optimizer_steps"])
+    predicted = costmodel.step_time(s4 * (1 - share), wire, 4, costmodel.Link(ALPHA_S, 1 / link_bps))
+    return {"compression": label(four["config"]), "step2_ms": 1e3 * s2, "step4_ms": 1e3 * s4,
+            "efficiency": s2 / s4, "predicted4_ms": 1e3 * predicted, "bound": s2 / predicted,
+            "accuracy2": two["test_accuracy"], "accuracy4": four["test_accuracy"]}
