@@ -79,6 +79,13 @@ def _run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProce
     return out
 
 
+def _split(cpus: list[int], n: int) -> list[set[int]]:
+    """``n`` hosts' shares of ``cpus``: disjoint and even where there are at least n, else one CPU each, reused."""
+    if len(cpus) < n:
+        return [{cpus[i % len(cpus)]} for i in range(n)]
+    return [set(cpus[i * len(cpus) // n:(i + 1) * len(cpus) // n]) for i in range(n)]
+
+
 def _burst(rate: str) -> str:
     """A tbf burst for ``rate`` ('1gbit', '100mbit', '500kbit'): 10 ms worth of the rate, at least 32 KiB (the
     bucket must hold more than one timer tick's worth, or tbf cannot reach the rate)."""
@@ -104,9 +111,13 @@ class TestHosts:
     __test__ = False  # not a pytest test class, despite its name
 
     def __init__(self, n: int = 2, prefix: str = "hvdsync", subnet: str = "10.77.0", rate: str | None = None,
-                 ssh_port: int = 22, run_dir: str | Path | None = None) -> None:
+                 ssh_port: int = 22, run_dir: str | Path | None = None, split_cpus: bool = False) -> None:
         if not isinstance(n, int) or not 1 <= n <= 200:
             raise ValueError(f"n: {n!r} is not allowed; expected 1 to 200 hosts")
+        # split_cpus: each host's sshd, and so everything started on the host over ssh, may run only on its own share
+        # of this machine's CPUs, as on separate machines (their workers then size their thread pools to it, and do
+        # not fight over the same cores).
+        self.cpus = _split(sorted(os.sched_getaffinity(0)), n) if split_cpus else None
         if rate is not None:
             _burst(rate)
         self.prefix, self.rate, self.ssh_port = prefix, rate, ssh_port
@@ -257,7 +268,9 @@ class TestHosts:
                    "LogLevel": "ERROR"}
         command = [SSHD, "-D", "-f", "/dev/null", *(a for k, v in options.items() for a in ("-o", f"{k}={v}"))]
         log = open(self.dir / f"sshd-{h.name}.log", "ab")
-        proc = subprocess.Popen(self.argv(h.name, command), stdout=log, stderr=log, start_new_session=True)
+        cpus = self.cpus[self.hosts.index(h)] if self.cpus else None
+        proc = subprocess.Popen(self.argv(h.name, command), stdout=log, stderr=log, start_new_session=True,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         log.close()
         self.sshd[h.name] = proc.pid
         _wait_for(lambda: proc.poll() is not None or self._listening(h), f"sshd on {h.name}")

@@ -53,14 +53,27 @@ def test_rate_limit_holds_on_the_link(cluster, on_host):
     assert float(seconds) >= 8_000_000 * 8 / 100e6 * 0.85, seconds   # the limit held
 
 
-def test_down_leaves_nothing_behind():
+def _cpu_list(text: str) -> set[int]:
+    """/proc's ``Cpus_allowed_list`` ('0-3,6') as a set."""
+    cpus = set()
+    for part in text.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def test_down_leaves_nothing_behind_and_split_cpus_gives_each_host_its_own_cores():
     before = _known_hosts_lines()
-    hosts = TestHosts(2, prefix=f"hvdgone{os.getpid()}", subnet="10.77.2").up()
+    hosts = TestHosts(2, prefix=f"hvdgone{os.getpid()}", subnet="10.77.2", split_cpus=True).up()
     run_dir, spaces = hosts.dir, [h.namespace for h in hosts.hosts] + [hosts.switch]
     try:
+        # A process started on node2 over ssh (as Horovod starts its workers) may run only on node2's share.
         out = hosts.run("node1", ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-i",
-                                  str(hosts.key), hosts.host("node2").address, "true"], timeout=60)
+                                  str(hosts.key), hosts.host("node2").address,
+                                  "grep Cpus_allowed_list /proc/self/status"], timeout=60)
         assert out.returncode == 0, out.stderr
+        assert _cpu_list(out.stdout) == hosts.cpus[1]
+        assert not hosts.cpus[0] & hosts.cpus[1] or len(os.sched_getaffinity(0)) < 2
         assert len(_known_hosts_lines()) == len(before) + 1   # ssh recorded 10.77.2.2 (StrictHostKeyChecking=no)
         sshd = list(hosts.sshd.values())
     finally:

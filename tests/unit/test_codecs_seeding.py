@@ -1,5 +1,6 @@
 """The wire counter (what travels) and seeding (what repeats); the codecs themselves: test_codecs.py."""
 import numpy as np
+import pytest
 
 from hvdsync.core.train import seeding
 from hvdsync.core.comm.codecs import WireCounter
@@ -37,3 +38,28 @@ def test_threads_per_worker_never_oversubscribes():
     assert seeding.threads_per_worker(2, cpu_count=2) == 1
     assert seeding.threads_per_worker(4, cpu_count=16) == 4
     assert seeding.threads_per_worker(8, cpu_count=2) == 1
+
+
+def test_threads_per_worker_counts_the_cpus_this_process_may_use_not_the_machines():
+    # A worker confined to one core (a cpuset from Slurm, Kubernetes, docker --cpuset-cpus, taskset) sizes its thread
+    # pool to that core: run in a child process whose affinity is one CPU.
+    import multiprocessing
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    one = min(os.sched_getaffinity(0))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1, initializer=os.sched_setaffinity, initargs=(0, {one})) as pool:
+        assert pool.apply(seeding.threads_per_worker, (1,)) == 1
+        assert pool.apply(seeding.usable_cpus) == 1
+    assert seeding.usable_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_test_hosts_split_the_cpus_like_separate_machines():
+    from hvdlab.testhosts import _split
+
+    assert _split([0, 1], 2) == [{0}, {1}]
+    assert _split([0, 1, 2, 3], 2) == [{0, 1}, {2, 3}]
+    assert _split([0, 1, 2, 3, 4], 3) == [{0}, {1, 2}, {3, 4}]
+    assert _split([0, 1], 3) == [{0}, {1}, {0}]   # more hosts than CPUs: one each, reused
