@@ -45,6 +45,7 @@ from compression import configs  # noqa: E402 - the same models and codecs as th
 
 from hvdlab.bench import link_ddp, link_encode, link_probe, suite  # noqa: E402
 from hvdlab.bench.link_report import ddp_row, rate_bits, scaling_row, summarise, table, versus_ddp  # noqa: E402
+from hvdsync.core.train.seeding import threads_per_worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RATES = ["100mbit", "1gbit", "10gbit", "none"]
@@ -91,7 +92,7 @@ def ddp(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     os.environ["GLOO_SOCKET_IFNAME"] = "hv0"   # the limited link, not loopback
     out = link_ddp.fit(spec["rank"], 2, spec["master"], spec["port"], spec["hooks"], spec["data"], spec["train"],
-                       os.cpu_count() or 1)
+                       threads_per_worker(1))
     if spec["rank"] == 0:
         print("RESULT " + json.dumps(out), flush=True)
     return 0
@@ -153,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     out = {"quick": args.quick, "rates": rates, "rows": [], "versus_ddp": [], "scaling": [], "link_MBps": {},
            "load_average": {"start": load}}
     notes: set[str] = set()
-    with TestHosts(2, prefix=f"hvdlink{os.getpid()}", subnet=SUBNET) as cluster:
+    # split_cpus: the 2 hosts are namespaces of one machine; each gets its own half of the cores, as 2 machines would
+    # have their own (sharing them, each worker sized its threads to the whole machine and the 2 fought over them).
+    with TestHosts(2, prefix=f"hvdlink{os.getpid()}", subnet=SUBNET, split_cpus=True) as cluster:
         for rate in rates:
             cluster.set_rate(None if rate == "none" else rate)
             bps = link_probe.bytes_per_second(cluster, rate_bits(rate), ROOT)
