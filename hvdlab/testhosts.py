@@ -86,18 +86,21 @@ def _split(cpus: list[int], n: int) -> list[set[int]]:
     return [set(cpus[i * len(cpus) // n:(i + 1) * len(cpus) // n]) for i in range(n)]
 
 
-def _burst(rate: str) -> str:
-    """A tbf burst for ``rate`` ('1gbit', '100mbit', '500kbit'): 10 ms worth of the rate, at least 32 KiB (the
-    bucket must hold more than one timer tick's worth, or tbf cannot reach the rate)."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}
-    for unit, scale in units.items():
+def rate_bits(rate: str) -> float:
+    """Bits per second of a tc rate ('1gbit', '100mbit', '500kbit', '8000bit')."""
+    for unit, scale in {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}.items():
         if rate.endswith(unit):
             try:
-                bits = float(rate[: -len(unit)]) * scale
+                return float(rate[: -len(unit)]) * scale
             except ValueError:
                 break
-            return f"{max(32 * 1024, int(bits / 8 / 100))}b"
     raise ValueError(f"rate: {rate!r} is not allowed; expected a number with kbit, mbit or gbit, e.g. '1gbit'")
+
+
+def _burst(rate: str) -> str:
+    """A tbf burst for ``rate``: 10 ms worth of the rate, at least 32 KiB (the bucket must hold more than one timer
+    tick's worth, or tbf cannot reach the rate)."""
+    return f"{max(32 * 1024, int(rate_bits(rate) / 8 / 100))}b"
 
 
 class TestHosts:

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import statistics
 
-from hvdlab import costmodel
+from hvdlab import costmodel, testhosts
 
 ALPHA_S = 100e-6  # per-message cost of Gloo over TCP between namespaces: small next to the transfers here
 
 
 def rate_bits(rate: str) -> float | None:
     """``"100mbit"`` -> 1e8 bits/s; ``"none"`` -> None (no limit)."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     if rate == "none":
         return None
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            try:
-                return float(rate[: -len(unit)]) * scale
-            except ValueError:
-                break
-    raise ValueError(f"rate: {rate!r} is not allowed; expected <number>kbit|mbit|gbit or none")
+    try:
+        return testhosts.rate_bits(rate)
+    except ValueError:
+        raise ValueError(f"rate: {rate!r} is not allowed; expected <number>kbit|mbit|gbit or none") from None
 
 
 def label(cfg: dict) -> str:
