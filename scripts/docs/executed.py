@@ -76,14 +76,23 @@ def execute(source: Path, executed_dir: Path = EXECUTED, timeout: int = 900) -> 
     finally:
         if env_backend is not None:
             os.environ["MPLBACKEND"] = env_backend
-    seconds = time.perf_counter() - start
-    nb.metadata["hvdsync"] = {"source_sha256": digest, "seconds": round(seconds, 1),
+    kept = keep(nb, source, time.perf_counter() - start, executed_dir, digest)
+    return Copy(source.stem, source, kept, "fresh", dict(nb.metadata["hvdsync"]), "executed")
+
+
+def keep(nb, source: Path, seconds: float, executed_dir: Path = EXECUTED, digest: str | None = None) -> Path:
+    """Write the executed ``nb`` of ``source`` to ``executed_dir``, tagged with the hash of the source it ran
+    (``digest``: taken before it ran, where given) and its runtime; the notebook test keeps its copies through this
+    too."""
+    import nbformat
+
+    nb.metadata["hvdsync"] = {"source_sha256": digest or source_sha256(source), "seconds": round(seconds, 1),
                               "executed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     executed_dir.mkdir(parents=True, exist_ok=True)
     partial = executed_dir / f".{source.stem}.ipynb.partial"
     nbformat.write(nb, partial)
     partial.replace(executed_dir / source.name)   # a reader never sees half a file
-    return Copy(source.stem, source, executed_dir / source.name, "fresh", dict(nb.metadata["hvdsync"]), "executed")
+    return executed_dir / source.name
 
 
 def ensure(sources: list[Path], executed_dir: Path = EXECUTED, missing: str = "execute", stale: str = "execute",

@@ -9,7 +9,6 @@ copies instead of executing every notebook again (scripts/docs/executed.py).
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 import shutil
 import time
@@ -20,11 +19,13 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from scripts.docs import executed
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 # NN_topic, or NNa_topic, NNb_topic, ... where one guide section is split into parts (a learner reads each in one go).
 NAME = re.compile(r"^(\d\d)([a-z])?_[a-z0-9_]+$")
-EXECUTED = ROOT / "build" / "notebooks"
+EXECUTED = executed.EXECUTED  # the executed copies make docs renders
 
 # The guide section each notebook follows: its title as the guide writes it in Chinese, and in English.
 GUIDE_TITLES = {
@@ -256,10 +257,4 @@ def test_notebook_executes_and_shows_measured_numbers_and_a_plot(stem, limit, tm
 
 def _keep_executed(stem: str, nb: nbformat.NotebookNode, seconds: float) -> None:
     """Keep a passed notebook's executed copy for the documentation site, tagged with what it was executed from."""
-    source = (NOTEBOOKS / f"{stem}.ipynb").read_bytes()
-    nb.metadata["hvdsync"] = {"source_sha256": hashlib.sha256(source).hexdigest(), "seconds": round(seconds, 1),
-                              "executed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    EXECUTED.mkdir(parents=True, exist_ok=True)
-    partial = EXECUTED / f".{stem}.ipynb.partial"
-    nbformat.write(nb, partial)
-    partial.replace(EXECUTED / f"{stem}.ipynb")
+    executed.keep(nb, NOTEBOOKS / f"{stem}.ipynb", seconds, EXECUTED)
