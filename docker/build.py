@@ -5,7 +5,8 @@ What it adds to a plain ``docker build``:
 
 - **A base image without a registry.** The Dockerfiles' default bases are public images (``python:3.11-slim-bookworm``,
   ``nvidia/cuda:...``). Where they cannot be pulled, it makes a Debian 12 base from Debian's package archive
-  (``docker/make_base.sh``: debootstrap + ``docker import``) and builds on that.
+  (``docker/make_base.sh``: debootstrap + ``docker import``) and builds on that; not for ``gpu-tf``, which it refuses
+  there in one line (that base has no CUDA 12 compiler, and PyPI has none).
 - **This machine's pip settings, without baking them in.** pip's configuration (``pip config list``: files and
   ``PIP_*`` variables) enters the build as build arguments of the builder stage (index URLs, find-links) and BuildKit
   secrets (the CA bundle ``cert`` names, a constraints file), so no layer of the final image holds them. Local
@@ -63,6 +64,11 @@ VARIANTS = {
 # tagged hvdsync:gpu too, so `make docker-gpu` and `docker run hvdsync:gpu ...` keep working.
 ALIASES = {"gpu": "gpu-torch"}
 DEFAULT_BASES = {name: v["bases"] for name, v in VARIANTS.items()}
+# Variants whose builder needs a CUDA compiler that pip cannot install, so the local Debian base (no CUDA) cannot build
+# them. gpu-torch's CUDA 13 nvcc comes from PyPI there (scripts/cuda-build-requirements.txt); TensorFlow's CUDA 12 has
+# none on PyPI: nvidia-cuda-nvcc-cu12 holds only ptxas (the wheel's file list; NVIDIA/cuda-python issue #2100). Refused
+# before anything is built, rather than after the GBs of wheels of the dependency step.
+NO_PIP_COMPILER = {"gpu-tf": ("CUDA 12", "nvidia-cuda-nvcc-cu12 holds only ptxas")}
 # pip settings that become build arguments (pip reads PIP_<NAME> from the environment of the builder's RUN steps).
 ARG_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "default-timeout")
 # pip settings that name a local file: BuildKit secrets, mounted only into the RUN steps that call pip.
@@ -101,6 +107,16 @@ def image_exists(docker: list[str], image: str) -> bool:
     return subprocess.run(docker + ["image", "inspect", image], capture_output=True).returncode == 0
 
 
+def refuse_local_base(variant: str, build_image: str, why: str = "") -> None:
+    """Stop, in one line, where ``variant`` would build on the local Debian base without a compiler it can get."""
+    if variant in NO_PIP_COMPILER and build_image == LOCAL_BASE:
+        cuda, wheel = NO_PIP_COMPILER[variant]
+        raise BuildError(f"{variant} cannot be built on {LOCAL_BASE}, the local Debian base{why}: it has no {cuda} "
+                         f"compiler (nvcc), and PyPI has none ({wheel}); build where a registry serves "
+                         f"{DEFAULT_BASES[variant]['BUILD_IMAGE']}, or give an image with {cuda}'s nvcc: --base IMAGE "
+                         "(docker build: --build-arg BUILD_IMAGE=IMAGE)")
+
+
 def resolve_bases(docker: list[str], wanted: str | None, variant: str) -> dict[str, str]:
     """The base image(s) to build on, by build argument: the one asked for, else the public defaults if they can be
     pulled, else a Debian base made here (for every stage: the venv moves between them, so their Python must agree)."""
@@ -112,6 +128,7 @@ def resolve_bases(docker: list[str], wanted: str | None, variant: str) -> dict[s
             continue
         say(f"pulling {image}")
         if subprocess.run(docker + ["pull", "-q", image], capture_output=True, timeout=1800).returncode != 0:
+            refuse_local_base(variant, LOCAL_BASE, f" ({image} cannot be pulled: no registry reachable)")
             say(f"{image} cannot be pulled (no registry reachable): building on {LOCAL_BASE}, made from Debian "
                 "packages")
             break
@@ -246,9 +263,11 @@ def horovod_cache_image(docker: list[str], variant: str) -> str | None:
 def plan(variant: str, tags: list[str], base: str | None) -> list[str]:
     """What a build of ``variant`` runs, as lines, found without Docker (``--plan``): its Dockerfile, tags, build
     arguments, bases (the public defaults; a local Debian base where they cannot be pulled), and the Horovod
-    configuration its build step asks of scripts/build_horovod.sh."""
+    configuration its build step asks of scripts/build_horovod.sh. Or the line the build stops with (gpu-tf on the
+    local base)."""
     v = VARIANTS[variant]
     bases = {arg: base for arg in v["bases"]} if base else v["bases"]
+    refuse_local_base(variant, bases.get("BUILD_IMAGE", ""))
     lines = [f"VARIANT={variant}", f"DOCKERFILE=docker/{v['dockerfile']}", f"TAGS={' '.join(tags)}"]
     lines += [f"BUILD_ARG {k}={val}" for k, val in {**v["args"], **bases}.items()]
     framework = v["args"].get("FRAMEWORK")
@@ -272,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.plan:
         print("\n".join(plan(variant, tags, ns.base)))
         return 0
+    if ns.base:
+        refuse_local_base(variant, ns.base)      # before any docker command
     try:
         docker = docker_cmd()
         tag = tags[0]

@@ -21,7 +21,8 @@
 #   HVDSYNC_HOROVOD_GPU       auto (default) | cpu | nccl: see "Gloo only, or with NCCL" below
 #   HVDSYNC_HOROVOD_SDIST     a local horovod-0.28.1.tar.gz (or a folder holding it) instead of PyPI's, for machines
 #                             without a package index (benchmarks/gpu.sh --prepare DIR saves one)
-#   HVDSYNC_CUDA_FROM_WHEELS=1  NCCL builds: take nvcc and CUDA's headers from pip's wheels even if a system CUDA exists
+#   HVDSYNC_CUDA_FROM_WHEELS=1  NCCL builds for CUDA >= 13: take nvcc and CUDA's headers from pip's wheels even if a
+#                             system CUDA exists (CUDA 12 has no such wheels: see "Gloo only, or with NCCL")
 #   HOROVOD_BUILD_CUDA_CC_LIST  GPU builds only: compute capabilities (default 80,90: A100, H100/H200)
 # Arguments (nothing is built with either):
 #   --print-key  the cache key and the cache folder, two lines
@@ -149,10 +150,10 @@ torch_is="torch $torch_version (a CPU build)" tf_is="$tf_dist $tf_version (a CPU
 # therefore stays CPU, and says so once: a CUDA Horovod next to CPU torch would only fail at run time.
 # HVDSYNC_HOROVOD_GPU=cpu: Gloo only, whatever is installed. HVDSYNC_HOROVOD_GPU=nccl: NCCL or a clear error naming
 # the missing piece. The CUDA toolkit comes from nvcc on PATH / $CUDA_HOME, or, when there is none (or
-# HVDSYNC_CUDA_FROM_WHEELS=1), from pip's CUDA wheels in the environment (scripts/cuda-build-requirements.txt);
-# NCCL from $HOROVOD_NCCL_HOME, the nvidia-nccl wheel torch pulls in, or /usr. CUDA 13's wheels share one tree
-# (nvidia/cu13); CUDA 12's put each component in its own folder (nvidia/cuda_nvcc, cuda_runtime, cuda_cccl: what
-# tensorflow[and-cuda] and scripts/cuda-build-requirements-cu12.txt install), joined into one tree for the build.
+# HVDSYNC_CUDA_FROM_WHEELS=1), from pip's CUDA 13 wheels in the environment (scripts/cuda-build-requirements.txt; one
+# tree, nvidia/cu13); NCCL from $HOROVOD_NCCL_HOME, the nvidia-nccl wheel the framework pulls in, or /usr. CUDA 12
+# (TensorFlow's) has no compiler on PyPI: nvidia-cuda-nvcc-cu12 ships ptxas but no nvcc (the wheel's file list;
+# NVIDIA/cuda-python issue #2100), so it takes a CUDA 12 toolkit; NCCL can still be tensorflow[and-cuda]'s wheel.
 # NCCL is never built for a CPU-only framework next to a CUDA one (CUDA torch with tensorflow-cpu): Horovod compiles
 # GPU ops for every framework it builds, and the TensorFlow ones link to GPU kernels tensorflow-cpu does not have
 # (the build then fails its own import check, docker/README.md). Which to change is the user's choice, so the build
@@ -172,18 +173,16 @@ if [ "$mode" != cpu ]; then
     cpu_fws="${cpu_fws:+$cpu_fws and }$tf_is"
     cpu_fix="${cpu_fix:+$cpu_fix; }pip uninstall tensorflow-cpu && pip install tensorflow==$tf_version (scripts/install.sh: HVDSYNC_EXTRAS=gpu)"
   fi
-  wheel_cuda="" wheel_parts=""
+  wheel_cuda=""
   if [ -n "$want_cuda" ] && [ -n "$nvidia_dir" ] && [ -x "$nvidia_dir/cu${want_cuda%%.*}/bin/nvcc" ]; then
     wheel_cuda="$nvidia_dir/cu${want_cuda%%.*}"
-  elif [ "${want_cuda%%.*}" = 12 ] && [ -n "$nvidia_dir" ] && [ -x "$nvidia_dir/cuda_nvcc/bin/nvcc" ]; then
-    wheel_cuda="$nvidia_dir/cuda_nvcc" wheel_parts="$nvidia_dir"
   fi
   nvcc_bin=""
   if [ "${HVDSYNC_CUDA_FROM_WHEELS:-0}" != 1 ]; then
     nvcc_bin="$(command -v nvcc || true)"
     if [ -z "$nvcc_bin" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then nvcc_bin="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"; fi
   fi
-  if [ -z "$nvcc_bin" ] && [ -n "$wheel_cuda" ]; then nvcc_bin="$wheel_cuda/bin/nvcc"; else wheel_parts=""; fi
+  if [ -z "$nvcc_bin" ] && [ -n "$wheel_cuda" ]; then nvcc_bin="$wheel_cuda/bin/nvcc"; fi
   nccl_home="${HOROVOD_NCCL_HOME:-$wheel_nccl}"
   if [ -z "$nccl_home" ] && [ -f /usr/include/nccl.h ]; then nccl_home=/usr; fi
   if [ -n "$nvcc_bin" ]; then
@@ -204,13 +203,15 @@ if [ "$mode" != cpu ]; then
     fi
   else
     missing=""
-    if [ -z "$nvcc_bin" ]; then
-      reqs="scripts/cuda-build-requirements.txt"; [ "${want_cuda%%.*}" != 12 ] || reqs="scripts/cuda-build-requirements-cu12.txt"
-      missing="a CUDA compiler: no nvcc on PATH or in \$CUDA_HOME, and no nvidia-cuda-nvcc wheel for CUDA $want_cuda in this environment (pip install -r $reqs)"
+    hint="set HVDSYNC_CUDA_FROM_WHEELS=1 to use pip's CUDA wheels instead"
+    [ "${want_cuda%%.*}" != 12 ] || hint="put a CUDA 12 toolkit's bin/ first on PATH"
+    if [ -z "$nvcc_bin" ] && [ "${want_cuda%%.*}" = 12 ]; then
+      missing="a CUDA 12 compiler for $want_from CUDA $want_cuda: no nvcc on PATH or in \$CUDA_HOME, and PyPI has none for CUDA 12 (nvidia-cuda-nvcc-cu12 holds only ptxas): build in nvidia/cuda:12.9.1-devel-ubuntu24.04 (make docker-gpu-tf where a registry reaches it) or install NVIDIA's CUDA 12 toolkit and set CUDA_HOME"
+    elif [ -z "$nvcc_bin" ]; then
+      missing="a CUDA compiler: no nvcc on PATH or in \$CUDA_HOME, and no nvidia-cuda-nvcc wheel for CUDA $want_cuda in this environment (pip install -r scripts/cuda-build-requirements.txt)"
     elif [ "${cuda_version%%.*}" != "${want_cuda%%.*}" ]; then
-      missing="a CUDA compiler for $want_from CUDA $want_cuda: $nvcc_bin is CUDA $cuda_version (set HVDSYNC_CUDA_FROM_WHEELS=1 to use pip's CUDA wheels instead)"
-    elif [ -z "$(ls "$cuda_home"/include/cuda_runtime.h "$cuda_home"/targets/*/include/cuda_runtime.h \
-                 ${wheel_parts:+"$wheel_parts"/cuda_runtime/include/cuda_runtime.h} 2>/dev/null)" ]; then
+      missing="a CUDA compiler for $want_from CUDA $want_cuda: $nvcc_bin is CUDA $cuda_version ($hint)"
+    elif [ -z "$(ls "$cuda_home"/include/cuda_runtime.h "$cuda_home"/targets/*/include/cuda_runtime.h 2>/dev/null)" ]; then
       missing="CUDA's runtime headers: no include/cuda_runtime.h beside $nvcc_bin (the nvidia-cuda-runtime wheel, or a CUDA toolkit)"
     elif [ -z "$nccl_home" ]; then
       missing="NCCL: no \$HOROVOD_NCCL_HOME, no nvidia-nccl-cu${want_cuda%%.*} wheel in this environment, no /usr/include/nccl.h"
@@ -297,7 +298,7 @@ case "$action" in
     if [ "$gpu" = cpu ]; then echo GPU_OPERATIONS=none; else echo GPU_OPERATIONS=NCCL; fi
     echo "GPU=$gpu"
     if [ "$gpu" != cpu ]; then
-      echo "CUDA_HOME=$cuda_home${wheel_parts:+ (joined at build time with $wheel_parts/cuda_runtime and cuda_cccl)}"
+      echo "CUDA_HOME=$cuda_home"
       echo "NCCL_HOME=$nccl_home"
     fi
     echo "SDIST=$sdist"
@@ -373,25 +374,7 @@ PYEOF
   if [ "$gpu" != cpu ]; then
     say "CUDA and NCCL found ($gpu): building with HOROVOD_GPU_OPERATIONS=NCCL"
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$nccl_home"
-    if [ -n "$wheel_parts" ]; then
-      # CUDA 12's wheels: one folder per component. nvcc finds headers and libraries relative to its own bin/..
-      # (include/, lib64/), so the compiler, the runtime and CCCL's headers are joined into one tree of links, with
-      # the unversioned library names CMake's FindCUDAToolkit looks for.
-      view="$work/cuda"; mkdir -p "$view/bin" "$view/include" "$view/lib64"
-      for file in "$cuda_home"/bin/*; do ln -s "$file" "$view/bin/"; done
-      for entry in "$cuda_home"/*; do
-        case "$(basename "$entry")" in bin|include|lib) ;; *) ln -s "$entry" "$view/" ;; esac
-      done
-      for part in cuda_nvcc cuda_runtime cuda_cccl; do
-        for entry in "$wheel_parts/$part"/include/*; do [ -e "$view/include/${entry##*/}" ] || ln -s "$entry" "$view/include/"; done
-        for lib in "$wheel_parts/$part"/lib/*; do [ -e "$view/lib64/${lib##*/}" ] || ln -s "$lib" "$view/lib64/"; done
-      done
-      for lib in "$view"/lib64/lib*.so.*; do
-        name="$(basename "$lib")"; [ -e "$view/lib64/${name%%.so.*}.so" ] || ln -s "$lib" "$view/lib64/${name%%.so.*}.so"
-      done
-      ln -s lib64 "$view/lib"
-      cuda_home="$view"
-    elif [ ! -d "$cuda_home/lib64" ] && [ -d "$cuda_home/lib" ]; then
+    if [ ! -d "$cuda_home/lib64" ] && [ -d "$cuda_home/lib" ]; then
       # pip's CUDA wheels lay the toolkit out with lib/ only and no unversioned library names, but nvcc links from
       # lib64/ (its nvcc.profile) and CMake's FindCUDAToolkit looks for libcudart.so. A view of the tree made of
       # links gives both. nvcc takes its root from the path it is called by (bin/..), so bin/ is a real folder.
@@ -407,7 +390,10 @@ PYEOF
       ln -s lib64 "$view/lib"
       cuda_home="$view"
     fi
-    export HOROVOD_CUDA_HOME="$cuda_home"
+    # CUDA_HOME too: Horovod's FindPytorch links what torch's CUDAExtension names (cudart) from the folders
+    # torch.utils.cpp_extension derives from CUDA_HOME (else from nvcc on PATH or /usr/local/cuda: another toolkit,
+    # or none where CUDA is pip's wheels), and CMake stopped with FOUND_LIB_cudart NOTFOUND. Gloo-only builds skip it.
+    export HOROVOD_CUDA_HOME="$cuda_home" CUDA_HOME="$cuda_home"
     export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}"
     # The NCCL wheel ships libnccl.so.2 only; CMake's find_library wants the unversioned name.
     if [ ! -e "$nccl_home/lib/libnccl.so" ] && [ -e "$nccl_home/lib/libnccl.so.2" ]; then

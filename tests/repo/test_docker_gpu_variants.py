@@ -1,6 +1,7 @@
 """The two GPU images (hvdsync:gpu-torch, hvdsync:gpu-tf), checked without building them: what docker/build.py would
 run for each (``--plan``), that Dockerfile.gpu gives each its own CUDA and Horovod for its framework alone, and the
 Makefile's targets. Building them (an hour of CUDA compiling without a cached wheel) is tests/docker's, opt-in."""
+import importlib.util
 import re
 import subprocess
 import sys
@@ -32,9 +33,52 @@ def test_each_gpu_image_builds_one_framework_with_its_own_cuda(variant, framewor
 
 
 def test_a_base_asked_for_replaces_both_and_a_tag_replaces_the_defaults():
-    lines = _plan("gpu-tf", "--base", "hvdsync-base:bookworm", "--tag", "mine:tf")
-    assert "TAGS=mine:tf" in lines and "BUILD_ARG BUILD_IMAGE=hvdsync-base:bookworm" in lines
+    lines = _plan("gpu-torch", "--base", "hvdsync-base:bookworm", "--tag", "mine:torch")
+    assert "TAGS=mine:torch" in lines and "BUILD_ARG BUILD_IMAGE=hvdsync-base:bookworm" in lines
     assert "BUILD_ARG BASE_IMAGE=hvdsync-base:bookworm" in lines
+    lines = _plan("gpu-tf", "--base", "registry.example/cuda:12.9-devel", "--tag", "mine:tf")
+    assert "TAGS=mine:tf" in lines and "BUILD_ARG BUILD_IMAGE=registry.example/cuda:12.9-devel" in lines
+
+
+GPU_TF_ON_LOCAL_BASE = (
+    "docker/build.py: error: gpu-tf cannot be built on hvdsync-base:bookworm, the local Debian base: it has no CUDA 12 "
+    "compiler (nvcc), and PyPI has none (nvidia-cuda-nvcc-cu12 holds only ptxas); build where a registry serves "
+    "nvidia/cuda:12.9.1-devel-ubuntu24.04, or give an image with CUDA 12's nvcc: --base IMAGE (docker build: "
+    "--build-arg BUILD_IMAGE=IMAGE)\n")
+
+
+@pytest.mark.parametrize("plan", [True, False], ids=["plan", "build"])
+def test_gpu_tf_on_the_local_debian_base_is_refused_in_one_line_before_docker(plan):
+    # PyPI has no CUDA 12 nvcc (nvidia-cuda-nvcc-cu12 ships only ptxas), and the Debian base no CUDA: the build would
+    # stop after GBs of wheels. --plan says the same line; a build says it before any docker command (a docker that
+    # does not exist is never reached).
+    out = subprocess.run([sys.executable, "docker/build.py", "gpu-tf", "--base", "hvdsync-base:bookworm"]
+                         + (["--plan"] if plan else []), cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "DOCKER": "/nonexistent/docker"})
+    assert out.returncode == 1 and out.stdout == "" and out.stderr == GPU_TF_ON_LOCAL_BASE, out.stderr
+
+
+def test_gpu_tf_whose_public_bases_cannot_be_pulled_is_refused_before_the_local_base_is_made(monkeypatch):
+    # docker/build.py by path, as tests/repo/test_docker.py loads it (`build` is also a PyPI package's name).
+    spec = importlib.util.spec_from_file_location("hvdsync_docker_build_variants", ROOT / "docker" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1)                    # nothing exists, nothing can be pulled
+    monkeypatch.setattr(build.subprocess, "run", run)
+    with pytest.raises(SystemExit) as stop:
+        build.resolve_bases(["docker"], None, "gpu-tf")
+    assert str(stop.value).startswith("docker/build.py: error: gpu-tf cannot be built on hvdsync-base:bookworm, the "
+                                      "local Debian base (nvidia/cuda:12.9.1-devel-ubuntu24.04 cannot be pulled: no "
+                                      "registry reachable): it has no CUDA 12 compiler"), stop.value
+    assert not any("make_base.sh" in " ".join(map(str, c)) for c in calls), calls
+    # gpu-torch goes on to the local base, as before.
+    calls.clear()
+    assert build.resolve_bases(["docker"], None, "gpu-torch") == {"BUILD_IMAGE": "hvdsync-base:bookworm",
+                                                                  "BASE_IMAGE": "hvdsync-base:bookworm"}
 
 
 def test_an_unknown_variant_is_one_line_listing_the_images():
@@ -57,13 +101,20 @@ def test_the_dockerfile_checks_the_framework_argument_and_the_build_lists_the_im
     assert "HVDSYNC_IMAGE_FRAMEWORK" in (ROOT / "docker" / "smoke_test.sh").read_text()
 
 
-def test_the_cu12_compiler_wheels_agree_with_tensorflows_cuda_extra():
-    # TensorFlow 2.21's and-cuda extra asks for CUDA 12 >= 12.5.82 (its wheel's metadata); the compiler wheels must be
-    # CUDA 12 too, or build_horovod.sh refuses the compiler (tests/repo/test_build_script_cuda12.py).
-    reqs = [line for line in (ROOT / "scripts" / "cuda-build-requirements-cu12.txt").read_text().splitlines()
-            if line and not line.startswith("#")]
-    assert reqs == ["nvidia-cuda-nvcc-cu12>=12.5.82,<13", "nvidia-cuda-runtime-cu12>=12.5.82,<13",
-                    "nvidia-cuda-cccl-cu12>=12.5,<13"]
+def test_the_tensorflow_variant_installs_no_compiler_wheels_and_stops_without_nvcc():
+    # PyPI has no CUDA 12 nvcc (nvidia-cuda-nvcc-cu12 ships only ptxas): no requirements file for one, and a builder
+    # without nvcc stops at the dependency step, in one line, before its GBs of wheels.
+    assert not (ROOT / "scripts" / "cuda-build-requirements-cu12.txt").exists()
+    text = (ROOT / "docker" / "Dockerfile.gpu").read_text()
+    assert "cu12.txt" not in text and "nvidia-cuda-cccl-cu12" not in text
+    tf_case = re.search(r"^ +tensorflow\) extras=\S+ \\\n +&& \{ command -v nvcc >/dev/null \|\| \{ echo (\"[^\"]+\") >&2; "
+                        r"exit 2; \}; \} ;;", text, re.M)
+    assert tf_case, text
+    assert tf_case.group(1) == ('"FRAMEWORK=tensorflow: BUILD_IMAGE has no nvcc on PATH, and PyPI has no CUDA 12 '
+                                "compiler (nvidia-cuda-nvcc-cu12 holds only ptxas): build on "
+                                "nvidia/cuda:12.9.1-devel-ubuntu24.04 or another BUILD_IMAGE with CUDA 12's nvcc\"")
+    # TensorFlow's own nvidia-cuda-nvcc-cu12 (XLA runs its ptxas) is not uninstalled; cmake is.
+    assert 'if [ "$FRAMEWORK" = tensorflow ]; then /opt/venv/bin/pip uninstall --quiet -y cmake; \\' in text
 
 
 def test_make_has_a_target_per_gpu_image():
