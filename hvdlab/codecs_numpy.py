@@ -92,6 +92,18 @@ class NumpyOps:
     def assign(self, slot, value):
         slot[...] = value
 
+    # Value semantics (a copy, as read gives): a codec that read add_into's value after changing the slot again
+    # would compute something else in torch, where it is the slot itself, and the kernel tests would catch it.
+    def add_into(self, slot, x):
+        slot += np.reshape(x, slot.shape)
+        return slot.copy()
+
+    def sub_into(self, slot, x):
+        slot -= np.reshape(x, slot.shape)
+
+    def zero_at(self, slot, idx):
+        slot.reshape(-1)[np.asarray(idx)] = 0.0
+
     def to_numpy(self, x):
         return np.asarray(x)
 

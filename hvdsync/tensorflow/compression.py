@@ -129,6 +129,20 @@ class TFOps:
     def assign(self, slot, value):
         slot.assign(tf.cast(value, slot.dtype) if isinstance(value, tf.Tensor) else np.asarray(value))
 
+    def add_into(self, slot, x):
+        # A read after the update, not assign_add's lazy value: that would be read when used, after later changes.
+        slot.assign_add(tf.reshape(x, slot.shape), read_value=False)
+        return slot.read_value()
+
+    def sub_into(self, slot, x):
+        slot.assign_sub(tf.reshape(x, slot.shape), read_value=False)
+
+    def zero_at(self, slot, idx):
+        flat = tf.reshape(slot, [-1])
+        idx = tf.reshape(tf.cast(idx, tf.int64), [-1, 1])
+        slot.assign(tf.reshape(tf.tensor_scatter_nd_update(flat, idx, tf.zeros(tf.shape(idx)[:1], flat.dtype)),
+                               slot.shape), read_value=False)
+
     def to_numpy(self, x):
         return np.asarray(x.numpy())
 
@@ -229,9 +243,16 @@ class CodecReducer:
             reduced = hvd.grouped_allreduce([requests[i].tensor for i in reduce_at], op=self.op)
             for i, t in zip(reduce_at, reduced):
                 results[i] = t
+        # One grouped allgather per round and dtype (the torch adapter's one group; TensorFlow's grouped op takes
+        # one dtype): a negotiation per dtype, not one per tensor.
+        by_dtype: dict = {}
         for i, r in enumerate(requests):
             if not isinstance(r, Allreduce):
-                results[i] = hvd.allgather(r.tensor, name=f"{name}_{i}")
+                by_dtype.setdefault(r.tensor.dtype.name, []).append(i)
+        for dtype, at in by_dtype.items():
+            gathered = hvd.grouped_allgather([requests[i].tensor for i in at], name=f"{name}_gather_{dtype}")
+            for i, t in zip(at, gathered):
+                results[i] = t
         return results
 
 

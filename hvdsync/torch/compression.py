@@ -133,6 +133,15 @@ class TorchOps:
     def assign(self, slot, value):
         slot.copy_(torch.as_tensor(value))
 
+    def add_into(self, slot, x):
+        return slot.add_(x.reshape(slot.shape))
+
+    def sub_into(self, slot, x):
+        slot.sub_(x.reshape(slot.shape))
+
+    def zero_at(self, slot, idx):
+        slot.view(-1).index_fill_(0, idx.long(), 0.0)
+
     def to_numpy(self, x):
         return x.detach().cpu().numpy()
 
@@ -236,9 +245,12 @@ class CodecReducer:
             # One grouped request: Horovod fuses the round's all-reduces into as few transfers as the buffer allows.
             handles.append((reduce_at, hvd.grouped_allreduce_async([requests[i].tensor.contiguous() for i in reduce_at],
                                                                    name=name, op=self.op)))
-        for i, r in enumerate(requests):
-            if not isinstance(r, Allreduce):
-                handles.append(([i], hvd.allgather_async(r.tensor.contiguous(), name=f"{name}.{i}")))
+        gather_at = [i for i, r in enumerate(requests) if not isinstance(r, Allreduce)]
+        if gather_at:
+            # The allgathers too in one grouped request (values and indices of every tensor): one negotiation for
+            # the round, not one per tensor (8 per step for a 2-layer model's top-k).
+            handles.append((gather_at, hvd.grouped_allgather_async([requests[i].tensor.contiguous() for i in gather_at],
+                                                                   name=f"{name}.gather")))
         for at, handle in handles:
             done = hvd.synchronize(handle)
             for i, t in zip(at, done if isinstance(done, (list, tuple)) else [done]):

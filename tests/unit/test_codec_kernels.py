@@ -83,3 +83,27 @@ def test_framework_kernels_equal_the_core_maths(ops, spec):
             for name in set(sw) - {"codec"}:
                 np.testing.assert_allclose(sg[name], sw[name], rtol=1e-4, atol=1e-5, err_msg=name)
         assert counters["numpy"].snapshot() == counters["framework"].snapshot()
+
+
+def test_every_ops_has_every_kernel_of_the_protocol(ops):
+    from hvdsync.core.comm.codecs.base import Ops
+
+    kernels = {name for name in vars(Ops) if not name.startswith("_")}
+    assert kernels <= set(dir(NumpyOps)) and kernels <= set(dir(ops)), kernels - set(dir(ops))
+
+
+@pytest.mark.parametrize("which", ["numpy", "framework"])
+def test_the_in_place_state_kernels(ops, which):
+    """add_into, sub_into and zero_at change the slot (in place where the framework can) and nothing else: the
+    value add_into returns is the slot's new value; the tensor added is left as it was."""
+    o = NumpyOps() if which == "numpy" else ops
+    slot = o.slot(np.arange(12, dtype=np.float32).reshape(3, 4))
+    x = o.from_numpy(np.full(12, 0.5, np.float32))            # another shape of the same size, as the codecs pass
+    value = o.add_into(slot, x)
+    np.testing.assert_array_equal(o.to_numpy(value), np.arange(12).reshape(3, 4) + 0.5)
+    np.testing.assert_array_equal(o.to_numpy(x), np.full(12, 0.5))
+    o.sub_into(slot, o.from_numpy(np.ones((3, 4), np.float32)))
+    o.zero_at(slot, o.from_numpy(np.array([0, 5, 11], np.int32)))
+    want = np.arange(12, dtype=np.float32) - 0.5
+    want[[0, 5, 11]] = 0.0
+    np.testing.assert_array_equal(o.to_numpy(o.read(slot)), want.reshape(3, 4))

@@ -76,15 +76,14 @@ class PowerSGD(Codec):
         if not self.compresses(shape):
             (out,) = yield [Allreduce(grad)]
             return out
-        m = ops.reshape(grad, matrix_shape(shape))
-        if ctx.error_feedback:
-            m = m + ops.reshape(ops.read(state["residual"]), matrix_shape(shape))
+        # M = gradient + residual, built in the residual's slot: residual = M - P Q^T below then needs no new tensor.
+        m = ops.reshape(ops.add_into(state["residual"], grad) if ctx.error_feedback else grad, matrix_shape(shape))
         (p,) = yield [Allreduce(ops.matmul(m, ops.read(state["q"])))]
         p = orthogonalize(ops, p)
         (q,) = yield [Allreduce(ops.matmul(ops.transpose(m), p))]
         approx = ops.matmul(p, ops.transpose(q))
         if ctx.error_feedback:
-            ops.assign(state["residual"], ops.reshape(m - approx, shape))
+            ops.sub_into(state["residual"], approx)   # M is no longer read after this
         ops.assign(state["q"], q)   # warm start: the next step's power iteration starts from this Q
         return ops.reshape(approx, shape)
 

@@ -47,13 +47,13 @@ class Int8(Codec):
         shape = ops.shape(grad)
         n = numel(shape)
         x = ops.reshape(grad, (n,))
-        if ctx.error_feedback:
-            x = x + ops.reshape(ops.read(state["residual"]), (n,))
+        if ctx.error_feedback:   # x + residual, in the residual's slot (as in top-k): no new tensor per step
+            x = ops.reshape(ops.add_into(state["residual"], grad), (n,))
         # Per-rank noise (the rank is in the seed): independent rounding errors average out across ranks.
         noise = ops.uniform(n, mix_seed(ctx.seed, index, ctx.rank + 1), ops.read(state["step"]))
         q, scale = quantize(ops, x, noise)
         if ctx.error_feedback:
-            ops.assign(state["residual"], ops.reshape(x - dequantize(ops, q, scale), shape))
+            ops.sub_into(state["residual"], dequantize(ops, q, scale))   # x is not read after this
         ops.assign(state["step"], ops.read(state["step"]) + 1)
         all_q, all_scales = yield [Allgather(ops.cast(q, "int8")), Allgather(scale)]
         levels = ops.reshape(ops.cast(all_q, "float32"), (ctx.size, n)) * ops.reshape(all_scales, (ctx.size, 1))

@@ -68,16 +68,16 @@ class _Sparse(Codec):
             ops.assign(state["velocity"], ops.reshape(u, ops.shape(grad)))
             x = x + u * self.momentum if self.nesterov else u
         if ctx.error_feedback:
-            x = x + ops.reshape(ops.read(state["residual"]), (n,))
+            # x + residual, in the residual's slot: the residual is then x with the sent positions zeroed, in place.
+            x = ops.reshape(ops.add_into(state["residual"], x), (n,))
         return x, n
 
-    def _keep_rest(self, ops: Ops, x, n, idx, values, state, ctx: ReduceContext, shape) -> None:
-        # The residual is exactly what was not sent: x with the sent positions set to zero (x - x = 0 exactly).
+    def _keep_rest(self, ops: Ops, idx, state, ctx: ReduceContext) -> None:
+        # The residual is exactly what was not sent: x (now in the residual's slot) with the sent positions zeroed.
         if ctx.error_feedback:
-            ops.assign(state["residual"], ops.reshape(x - ops.scatter_add(n, idx, values), shape))
+            ops.zero_at(state["residual"], idx)
             if self.momentum:   # momentum factor masking: the sent coordinates' velocity restarts from zero
-                u = ops.reshape(ops.read(state["velocity"]), (n,))
-                ops.assign(state["velocity"], ops.reshape(u - ops.scatter_add(n, idx, ops.take(u, idx)), shape))
+                ops.zero_at(state["velocity"], idx)
         ops.assign(state["step"], ops.read(state["step"]) + 1)
 
 
@@ -91,7 +91,7 @@ class TopK(_Sparse):
         x, n = self._input(ops, grad, state, ctx)
         idx = ops.topk_indices(ops.abs(x), self.k(n))
         values = ops.take(x, idx)
-        self._keep_rest(ops, x, n, idx, values, state, ctx, shape)
+        self._keep_rest(ops, idx, state, ctx)
         all_values, all_idx = yield [Allgather(values), Allgather(idx)]
         dense = ops.scatter_add(n, all_idx, all_values)   # positions picked by several ranks add up
         if ctx.average:
@@ -114,7 +114,7 @@ class RandK(_Sparse):
         noise = ops.uniform(n, mix_seed(ctx.seed, index), ops.read(state["step"]))
         idx = ops.topk_indices(noise, self.k(n))   # the k largest of n uniforms: k distinct random positions
         values = ops.take(x, idx)
-        self._keep_rest(ops, x, n, idx, values, state, ctx, shape)
+        self._keep_rest(ops, idx, state, ctx)
         (combined,) = yield [Allreduce(values)]
         return ops.reshape(ops.scatter_add(n, idx, combined), shape)
 
