@@ -57,7 +57,8 @@ def fit(rank: int, size: int, master: str, port: int, hooks: list[str], data: di
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=size)
-    ds = synthetic(data["synthetic_samples"], data["synthetic_features"], seed=0)
+    ds = synthetic(data["synthetic_samples"], data["synthetic_features"], seed=0,
+                   spread=data.get("synthetic_spread", 1.5))
     x, y = torch.from_numpy(ds.x_train[rank::size]), torch.from_numpy(ds.y_train[rank::size])
     batch, out = data["batch_size"], []
     try:

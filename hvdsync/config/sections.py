@@ -136,6 +136,8 @@ class DataConfig:
         test_fraction: share of the data held out for the test accuracy.
         shuffle: reshuffle the global order each epoch (seeded; identical on every rank).
         synthetic_samples / synthetic_features / synthetic_classes: shape of the synthetic sets.
+        synthetic_spread: standard deviation of the ``synthetic`` class centres, against noise of 1: smaller is
+            harder (1.5: nearly separable; 0.12: the wide MLP reaches ~80 % in 48 steps of 64).
         image_size / image_channels: height (= width) and channels of ``synthetic_images``.
         shares: how each global step is divided among the ranks: ``equal`` (sizes differ by at most one) or
             ``adaptive`` (at every epoch boundary, by each rank's measured throughput, all-gathered: a slow rank
@@ -151,6 +153,7 @@ class DataConfig:
     synthetic_samples: int = 4096
     synthetic_features: int = 64
     synthetic_classes: int = 10
+    synthetic_spread: float = 1.5
     image_size: int = 16
     image_channels: int = 3
     shares: str = "equal"
@@ -166,6 +169,7 @@ class DataConfig:
         _int("data.synthetic_samples", self.synthetic_samples, 2)
         _int("data.synthetic_features", self.synthetic_features, 1)
         _int("data.synthetic_classes", self.synthetic_classes, 2)
+        _number("data.synthetic_spread", self.synthetic_spread, 0.0, low_open=True)
         _int("data.image_size", self.image_size, 1)
         _int("data.image_channels", self.image_channels, 1)
         _choice("data.shares", self.shares, SHARE_RULES)

@@ -27,6 +27,7 @@ from hvdsync.config import Config, ConfigError
     ("data", "batch_size", 0, "expected an integer >= 1"),
     ("data", "test_fraction", 1.0, "expected a number > 0.0 and < 1.0"),
     ("data", "shuffle", "yes", "expected true or false"),
+    ("data", "synthetic_spread", 0, "expected a number > 0.0"),
     ("train", "framework", "jax", "choose one of: torch, tensorflow"),
     ("train", "np", 0, "expected an integer from 1 to 64"),
     ("train", "epochs", 0, "expected an integer >= 1"),
