@@ -206,7 +206,7 @@ if [ "$mode" != cpu ]; then
     hint="set HVDSYNC_CUDA_FROM_WHEELS=1 to use pip's CUDA wheels instead"
     [ "${want_cuda%%.*}" != 12 ] || hint="put a CUDA 12 toolkit's bin/ first on PATH"
     if [ -z "$nvcc_bin" ] && [ "${want_cuda%%.*}" = 12 ]; then
-      missing="a CUDA 12 compiler for $want_from CUDA $want_cuda: no nvcc on PATH or in \$CUDA_HOME, and PyPI has none for CUDA 12 (nvidia-cuda-nvcc-cu12 holds only ptxas): build in nvidia/cuda:12.9.1-devel-ubuntu24.04 (make docker-gpu-tf where a registry reaches it) or install NVIDIA's CUDA 12 toolkit and set CUDA_HOME"
+      missing="a CUDA 12 compiler for $want_from CUDA $want_cuda: no nvcc on PATH or in \$CUDA_HOME, and PyPI has none for CUDA 12 (nvidia-cuda-nvcc-cu12 holds only ptxas): build in nvidia/cuda:12.9.1-devel-ubuntu24.04 (make docker-gpu-tf where a registry reaches it) or install a CUDA 12 toolkit (NVIDIA's; Debian 13's nvidia-cuda-toolkit, non-free) and set CUDA_HOME"
     elif [ -z "$nvcc_bin" ]; then
       missing="a CUDA compiler: no nvcc on PATH or in \$CUDA_HOME, and no nvidia-cuda-nvcc wheel for CUDA $want_cuda in this environment (pip install -r scripts/cuda-build-requirements.txt)"
     elif [ "${cuda_version%%.*}" != "${want_cuda%%.*}" ]; then
@@ -366,6 +366,13 @@ PYEOF
   export HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1
   # CMake 4 refuses third_party/gloo's cmake_minimum_required(2.8.12); this lets it configure (see notes).
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
+  # No cmake on PATH: the environment's own (the `build` extra), which a venv's bin/ need not put there (a
+  # Dockerfile's builder, a chroot). Horovod's setup.py would pip-install a temporary one instead, which fails without
+  # an index and was seen failing behind a TLS-intercepting proxy.
+  env_cmake="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/cmake"
+  if [ -z "${HOROVOD_CMAKE:-}" ] && ! command -v cmake >/dev/null && [ -x "$env_cmake" ]; then
+    export HOROVOD_CMAKE="$env_cmake"
+  fi
   export MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
   if [ -n "$gcc13_includes" ]; then
     export CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }$gcc13_includes"

@@ -8,8 +8,8 @@ from tests.repo.test_horovod_build import TF_CUDA, _fake_env, _plan
 NO_CUDA12_NVCC = (
     "HVDSYNC_HOROVOD_GPU=nccl, but this is missing: a CUDA 12 compiler for TensorFlow's CUDA 12.5.1: no nvcc on PATH "
     "or in $CUDA_HOME, and PyPI has none for CUDA 12 (nvidia-cuda-nvcc-cu12 holds only ptxas): build in "
-    "nvidia/cuda:12.9.1-devel-ubuntu24.04 (make docker-gpu-tf where a registry reaches it) or install NVIDIA's CUDA 12 "
-    "toolkit and set CUDA_HOME")
+    "nvidia/cuda:12.9.1-devel-ubuntu24.04 (make docker-gpu-tf where a registry reaches it) or install a CUDA 12 "
+    "toolkit (NVIDIA's; Debian 13's nvidia-cuda-toolkit, non-free) and set CUDA_HOME")
 
 
 def _cu12_wheels(site):

@@ -1,6 +1,6 @@
 """The two GPU images (hvdsync:gpu-torch, hvdsync:gpu-tf), checked without building them: what docker/build.py would
 run for each (``--plan``), that Dockerfile.gpu gives each its own CUDA and Horovod for its framework alone, and the
-Makefile's targets. Building them (an hour of CUDA compiling without a cached wheel) is tests/docker's, opt-in."""
+Makefile's targets. Building them (GBs of CUDA wheels and a Horovod compile) is tests/docker's, opt-in."""
 import importlib.util
 import re
 import subprocess
