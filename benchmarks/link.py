@@ -25,7 +25,9 @@ and, for PyTorch, DDP over the same link with its own fp32 all-reduce, fp16 and 
   (:mod:`hvdlab.bench.link_encode`);
 * the cost model's step time (:func:`hvdlab.costmodel.step_time`): the step's compute (its non-sync part,
   measured) + the encoding + the ring of the codec's bytes over the link, whose rate is *measured* at each setting
-  by one TCP stream node1 -> node2 (:mod:`hvdlab.bench.link_probe`; also without a limit); ``pred/meas``;
+  by one TCP stream node1 -> node2 (:mod:`hvdlab.bench.link_probe`; also without a limit) + one Horovod call per
+  round of collectives (PowerSGD 2 a step, local SGD 1 per H steps), each as long as a grouped all-reduce of a few
+  bytes measured on the workers over the same link (:func:`hvdlab.bench.link_encode.call_seconds`); ``pred/meas``;
 * test accuracy after the last epoch; then hvdsync's step over DDP's with the matching hook.
 
 Needs root and Linux network namespaces (``scripts/install_test_hosts.sh`` installs sshd and iproute2).
@@ -84,7 +86,7 @@ def job(argv: list[str]) -> int:
         shapes = link_encode.mlp_shapes(train.framework, data.synthetic_features, train.hidden)
         by_rank = launch.run(link_encode.on_workers, args=(train.framework, spec["encode"], shapes), np=train.np,
                              **where)
-        encode = {c: max(r[c] for r in by_rank) for c in spec["encode"]}   # the slowest rank sets the step
+        encode = {c: max(r[c] for r in by_rank) for c in spec["encode"] + ["call"]}   # the slowest rank sets the step
     results = launch.train_many(cfgs, **where)
     print("RESULT " + json.dumps({"results": results, "encode": encode}), flush=True)
     return 0
@@ -182,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                                           env=env), f"the job at {rate} ({framework})")
                 encode = got["encode"]
                 out["rows"] += [summarise(r, rate, bps, encode.get(r["config"]["sync"]["compression"], 0.0)
-                                          if r["config"]["sync"]["mode"] == "allreduce" else 0.0)
+                                          if r["config"]["sync"]["mode"] == "allreduce" else 0.0,
+                                          call_s=encode.get("call", 0.0))
                                 for r in got["results"]]
+                out.setdefault("call_ms", {})[f"{rate} {framework}"] = 1e3 * encode.get("call", 0.0)
                 hooks = [r for r in runs if r.startswith("ddp")]
                 if hooks and framework == "torch":
                     out["rows"] += [ddp_row(r, rate) for r in run_ddp(cluster, hooks, cfgs[0], env)]
@@ -194,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     print("link rate measured by one TCP stream: " + ", ".join(f"{r} {v:,.0f} MB/s" for r, v in out["link_MBps"].items())
           + f"; load average (1, 5, 15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
           + " ".join(f"{x:.2f}" for x in out["load_average"]["end"]) + " (the machine is shared: read ratios)")
+    if out.get("call_ms"):
+        print("one Horovod call (a grouped all-reduce of 2 x 4 bytes) over the link, median: "
+              + ", ".join(f"{k} {v:.2f} ms" for k, v in out["call_ms"].items()))
     if out["rows"]:
         first = out["rows"][0]
         print(f"wide MLP: {first['numel']:,} parameters ({4 * first['numel'] / 1e6:.1f} MB of float32 gradient per "

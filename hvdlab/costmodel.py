@@ -179,9 +179,11 @@ def busiest_rank_bytes(pattern: str, size_bytes: float, n: int, servers: int = 1
 
 
 def step_time(compute_s: float, wire_bytes: float, n: int, link: Link, encode_s: float = 0.0,
-              pattern: str = "ring") -> float:
+              pattern: str = "ring", calls: float = 0.0) -> float:
     """Seconds of one training step that synchronises ``wire_bytes`` per rank with nothing hidden under compute:
-    the step's compute, plus the codec's encode and decode (``encode_s``), plus the collective over ``link``.
+    the step's compute, plus the codec's encode and decode (``encode_s``), plus the collective over ``link``, plus
+    ``calls`` Horovod calls at ``link.call`` each (a negotiation and a cycle before any byte moves: one per round of
+    collectives; PowerSGD makes two rounds a step, local SGD one every H steps).
 
     The encoding term matters where the link is slow enough that a codec is chosen: a top-k over millions of values
     or PowerSGD's products run on the same cores as the rest of the step, and once the bytes have shrunk 50-170x
@@ -194,9 +196,10 @@ def step_time(compute_s: float, wire_bytes: float, n: int, link: Link, encode_s:
         >>> round(step_time(0.05, 0.35e6, 2, link, encode_s=0.1) * 1e3, 1)   # top-k 1 %: the encoding does
         153.0
     """
-    if compute_s < 0 or encode_s < 0:
-        raise ValueError(f"compute_s, encode_s: {compute_s!r}, {encode_s!r} are not allowed; expected seconds >= 0")
-    return compute_s + encode_s + predict(pattern, wire_bytes, n, link)
+    if compute_s < 0 or encode_s < 0 or calls < 0:
+        raise ValueError(f"compute_s, encode_s, calls: {compute_s!r}, {encode_s!r}, {calls!r} are not allowed; "
+                         "expected seconds >= 0 and calls >= 0")
+    return compute_s + encode_s + predict(pattern, wire_bytes, n, link) + calls * link.call
 
 
 # ---- fitting ---------------------------------------------------------------------------------------------------

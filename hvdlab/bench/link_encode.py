@@ -111,15 +111,30 @@ def mlp_shapes(framework: str, features: int, hidden: int, classes: int = 10) ->
     return [w1, (hidden,), w2, (classes,)]
 
 
+def call_seconds(hvd, tensor, repeats: int = 30) -> float:
+    """Median seconds of one Horovod call that moves (almost) nothing: a grouped all-reduce of two 1-element tensors,
+    as a codec's round is one grouped request. What a round costs before its bytes: the request waits for the
+    background thread's next cycle, rank 0 negotiates it with every rank, then a ring of a few bytes."""
+    runs = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        hvd.grouped_allreduce([tensor, tensor], name=f"link_encode.call.{i}")
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs[1:])
+
+
 def on_workers(framework: str, specs: Sequence[str], shapes: Sequence[tuple[int, ...]], repeats: int = 5) -> dict:
     """Run on every Horovod worker (:func:`hvdsync.launch.run`): all ranks time at once (after a barrier), so the
-    timing shares the host's cores as training does. Returns this rank's :func:`time_codecs`."""
+    timing shares the host's cores as training does. Returns this rank's :func:`time_codecs`, and under ``"call"``
+    the cost of one Horovod call over the job's link (:func:`call_seconds`)."""
     import importlib
 
     from hvdsync.core.train.seeding import threads_per_worker
 
     hvd = importlib.import_module(f"horovod.{framework}")  # a worker imports one framework
     hvd.init()
-    hvd.allreduce(np.zeros(1, np.float32) if framework == "tensorflow" else __import__("torch").zeros(1),
-                  name="link_encode.barrier")
-    return time_codecs(framework, specs, shapes, hvd.size(), repeats, threads_per_worker(hvd.local_size()))
+    one = np.zeros(1, np.float32) if framework == "tensorflow" else __import__("torch").zeros(1)
+    hvd.allreduce(one, name="link_encode.barrier")
+    call = call_seconds(hvd, one)
+    return {**time_codecs(framework, specs, shapes, hvd.size(), repeats, threads_per_worker(hvd.local_size())),
+            "call": call}

@@ -25,13 +25,24 @@ def label(cfg: dict) -> str:
     return sync["compression"] if sync["mode"] == "allreduce" else f"{sync['mode']}:{sync['period']}"
 
 
-def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int = 2) -> dict:
+def calls_per_step(cfg: dict) -> float:
+    """Horovod calls a run makes per step: its codec's rounds (:attr:`Codec.rounds`), or one every H steps for
+    local SGD."""
+    from hvdsync.core.comm.codecs import get_codec
+
+    sync = cfg["sync"]
+    return get_codec(sync["compression"]).rounds if sync["mode"] == "allreduce" else 1 / sync["period"]
+
+
+def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int = 2, call_s: float = 0.0) -> dict:
     """One hvdsync run (a :func:`hvdsync.launch.train_many` result) at ``rate``.
 
     The prediction: the step's compute (its non-sync part, measured) plus the codec's encode + decode time
     (measured on the workers, :mod:`hvdlab.bench.link_encode`) plus the ring of the codec's bytes over a link of
-    ``link_bps`` bytes/s (:func:`hvdlab.costmodel.step_time`). On n = 2 ranks a ring all-reduce and an all-gather
-    both send each rank's buffer once, so the codec's bytes are what crosses the link.
+    ``link_bps`` bytes/s (:func:`hvdlab.costmodel.step_time`), plus ``call_s`` per Horovod call the run makes
+    (:func:`calls_per_step`; ``call_s`` measured over the same link: :func:`hvdlab.bench.link_encode.call_seconds`).
+    On n = 2 ranks a ring all-reduce and an all-gather both send each rank's buffer once, so the codec's bytes are
+    what crosses the link.
     """
     history = result["history"]
     steady = history[1:] or history
@@ -44,12 +55,15 @@ def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int 
     wire = result["wire"]["bytes"] / steps
     link = (result.get("link_bytes") or {}).get("sent", 0) / steps
     compute = step * (1 - sync_share)
-    predicted = costmodel.step_time(compute, wire, n, costmodel.Link(ALPHA_S, 1 / link_bps), encode_s)
+    calls = calls_per_step(result["config"])
+    predicted = costmodel.step_time(compute, wire, n, costmodel.Link(ALPHA_S, 1 / link_bps, call=call_s), encode_s,
+                                    calls=calls)
     return {"rate": rate, "framework": result["config"]["train"]["framework"], "compression": label(result["config"]),
             "numel": result["numel"], "steps": steps, "wire_bytes_per_step": wire, "link_bytes_per_step": link,
             "link_over_wire": link / wire if wire else None, "step_ms": 1e3 * step, "sync_share": sync_share,
             "compute_ms": 1e3 * compute, "encode_ms": 1e3 * encode_s, "link_MBps": link_bps / 1e6,
-            "predicted_ms": 1e3 * predicted, "accuracy": result["test_accuracy"],
+            "predicted_ms": 1e3 * predicted, "calls_per_step": calls, "call_ms": 1e3 * call_s,
+            "accuracy": result["test_accuracy"],
             "ranks_identical": result["param_spread"] == 0.0}
 
 

@@ -22,6 +22,21 @@ def test_step_time_is_compute_plus_encoding_plus_the_ring():
 def test_step_time_rejects_negative_seconds_by_name():
     with pytest.raises(ValueError, match="compute_s, encode_s.*expected seconds >= 0"):
         step_time(0.1, 1e6, 2, GBIT, encode_s=-1e-3)
+    with pytest.raises(ValueError, match="calls >= 0"):
+        step_time(0.1, 1e6, 2, GBIT, calls=-1)
+
+
+def test_each_round_of_collectives_adds_one_horovod_call():
+    from hvdlab.bench.link_report import calls_per_step
+
+    link = Link(alpha=100e-6, beta=8 / 1e9, call=3e-3)
+    one = step_time(0.040, 0.1e6, 2, link, calls=1)
+    assert step_time(0.040, 0.1e6, 2, link, calls=2) - one == pytest.approx(3e-3)
+    assert step_time(0.040, 0.1e6, 2, link) == pytest.approx(one - 3e-3)   # no calls: the textbook step
+    cfg = {"sync": {"mode": "allreduce", "compression": "powersgd:2"}}
+    assert calls_per_step(cfg) == 2                                       # P's all-reduce, then Q's
+    assert calls_per_step({"sync": {"mode": "allreduce", "compression": "topk:0.01"}}) == 1
+    assert calls_per_step({"sync": {"mode": "local_sgd", "compression": "none", "period": 4}}) == 0.25
 
 
 def test_encoding_is_measured_per_codec_and_sparsifying_costs_more_than_casting():
@@ -35,3 +50,22 @@ def test_encoding_is_measured_per_codec_and_sparsifying_costs_more_than_casting(
 def test_unknown_framework_is_named():
     with pytest.raises(ValueError, match="framework: 'jax' is not allowed; choose one of: torch, tensorflow"):
         time_codecs("jax", ["none"], [(4,)])
+
+
+@pytest.mark.parametrize("spec", ["topk:0.01", "randk:0.1", "int8", "powersgd:2"])
+def test_a_codecs_rounds_are_the_rounds_its_reduction_makes(spec):
+    import numpy as np
+
+    from hvdlab.codecs_numpy import NumpyOps
+    from hvdsync.core.comm.codecs import CodecState, get_codec, reduce_all
+    from hvdsync.core.comm.codecs.base import Allreduce, ReduceContext
+
+    codec, ops, shapes, rounds = get_codec(spec), NumpyOps(), [(64, 32), (32,)], []
+
+    def execute(requests):   # every rank sent the same: an all-reduce returns its input, an all-gather 2 copies
+        rounds.append(len(requests))
+        return [r.tensor if isinstance(r, Allreduce) else np.concatenate([r.tensor] * 2) for r in requests]
+
+    grads = [np.ones(s, np.float32) for s in shapes]
+    reduce_all(codec, ops, grads, CodecState(codec, shapes, ops, 0), ReduceContext(2, True, True, 0, 0), execute)
+    assert len(rounds) == codec.rounds, rounds

@@ -111,6 +111,8 @@ class Codec:
     cast: bool = False
     wire_dtype: str | None = None
     param: float | int | None = None
+    # Rounds of collectives per step (each waits for its own Horovod negotiation): what :meth:`reduce` yields in turn.
+    rounds: int = 1
 
     @property
     def spec(self) -> str:

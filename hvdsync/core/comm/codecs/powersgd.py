@@ -53,6 +53,7 @@ class PowerSGD(Codec):
     """``powersgd:<rank>``: rank-r approximation by one warm-started power iteration, two all-reduces."""
 
     name = "powersgd"
+    rounds = 2   # P's all-reduce, then Q's, which needs P
 
     def __init__(self, rank: int) -> None:
         self.param = int(rank)
