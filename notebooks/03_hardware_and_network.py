@@ -147,13 +147,14 @@ assert values[0] < values[1] < values[-1]          # NVLink < PCIe 5 < this mach
 # `tc ... tbf rate R`, then trains the 4.2 M-parameter MLP of `benchmarks/compression.py` once per codec at each
 # rate. It needs root, so this notebook does not run it: the numbers below are **from the record** (its date and
 # command are printed), not from this run. The cost model predicts each step as measured compute + the codec's
-# measured encode/decode time + a ring all-reduce of the codec's bytes over the link's measured rate.
+# measured encode/decode time + a ring all-reduce of the codec's bytes over the link's measured rate + one measured
+# Horovod call (a negotiation, ~1 ms here) per round of collectives.
 
 # %%
 import json
 from pathlib import Path
 
-RECORD = "2026-12-02-sweep-full-torch-run2"
+RECORD = "2026-12-02-sweep-full-torch-final"
 folder = Path("../benchmarks/results/link")   # relative to notebooks/, where the notebook runs
 sweep = json.loads((folder / f"{RECORD}.json").read_text())
 command = json.loads((folder / "records.json").read_text())["records"][RECORD]["command"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-HOOKS = ("ddp", "ddp-fp16", "ddp-powersgd:2")
+HOOKS = ("ddp", "ddp-fp16", "ddp-powersgd:2", "ddp-powersgd:4")
 
 
 def _sent(interface: str) -> int:

@@ -100,7 +100,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-PEERS = {"none": "ddp", "fp16": "ddp-fp16", "powersgd:2": "ddp-powersgd:2"}
+PEERS = {"none": "ddp", "fp16": "ddp-fp16", "powersgd:2": "ddp-powersgd:2",
+         "powersgd:4": "ddp-powersgd:4"}
 
 
 def versus_ddp(rows: list[dict]) -> list[dict]:
