@@ -14,6 +14,7 @@ The maths of every codec is in :mod:`hvdsync.core.comm.codecs`; here are only to
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Iterable, Sequence
 
 import horovod.torch as hvd
@@ -182,6 +183,12 @@ class CodecCompressor:
         self._free: dict[tuple, list[torch.Tensor]] = {}
 
     def compress(self, tensor: torch.Tensor):
+        start = time.perf_counter()
+        wire, ctx = self._compress(tensor)
+        self.counter.add_codec_time(time.perf_counter() - start)
+        return wire, ctx
+
+    def _compress(self, tensor: torch.Tensor):
         ctx = _dtype_name(tensor.dtype)
         if self.in_place and self.codec.applies_to(ctx):
             wire_dtype = _DTYPES[self.codec.wire_dtype]
@@ -195,6 +202,13 @@ class CodecCompressor:
         return wire, ctx
 
     def decompress(self, tensor: torch.Tensor, ctx):
+        start = time.perf_counter()
+        try:
+            return self._decompress(tensor, ctx)
+        finally:
+            self.counter.add_codec_time(time.perf_counter() - start)
+
+    def _decompress(self, tensor: torch.Tensor, ctx):
         if isinstance(ctx, _Cast):
             _, grad, wire = ctx
             grad.copy_(tensor)  # the codec's decode (back to the gradient's dtype), into the gradient's storage
@@ -228,12 +242,22 @@ class CodecReducer:
 
     def reduce(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The combined gradients, identical on every rank. Every rank must call it, with the same shapes."""
-        self._round = 0
+        self._round, self._collective_s = 0, 0.0
+        start = time.perf_counter()
         out = reduce_all(self.codec, self.ops, list(grads), self.state, self.ctx, self._execute)
+        # The codec's own work: all of it but the rounds of collectives (handing over, waiting, collecting).
+        self.counter.add_codec_time(time.perf_counter() - start - self._collective_s)
         self.counter.add_gradients(len(grads))
         return out
 
     def _execute(self, requests: list) -> list[torch.Tensor]:
+        start = time.perf_counter()
+        try:
+            return self._collectives(requests)
+        finally:
+            self._collective_s += time.perf_counter() - start
+
+    def _collectives(self, requests: list) -> list[torch.Tensor]:
         name = f"hvdsync.codec.{self._round}"
         self._round += 1
         for r in requests:

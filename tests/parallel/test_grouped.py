@@ -48,7 +48,8 @@ def test_grouped_ends_where_the_hooks_end(runs, grouped, hooks):
 def test_the_wire_counts_the_same_tensors_and_bytes(runs):
     r = runs[0]
     for grouped, hooks in (("grouped", "hooks"), ("grouped_fp16", "hooks_fp16"), ("grouped_acc", "hooks_acc")):
-        assert r[grouped]["wire"] == r[hooks]["wire"]
+        counted = ("tensors", "bytes", "dtypes")   # not codec_seconds: a timing
+        assert {k: r[grouped]["wire"][k] for k in counted} == {k: r[hooks]["wire"][k] for k in counted}
     assert r["grouped"]["wire"]["bytes"] == 4 * r["grouped"]["numel"] * 4       # 4 steps of float32
     assert r["grouped_fp16"]["wire"]["dtypes"] == ["float16"]
     assert r["grouped_acc"]["wire"]["bytes"] == r["grouped"]["wire"]["bytes"]   # one round per step, not per pass

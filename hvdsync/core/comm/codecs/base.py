@@ -189,6 +189,9 @@ class WireCounter:
     tensors: int = 0
     bytes: int = 0
     dtypes: set = field(default_factory=set)
+    # Seconds the codec's own kernels took (encode, decode, residuals), not waiting for collectives; added by the
+    # eager adapters (PyTorch's). TensorFlow's codecs run inside a compiled step, where Python cannot time them.
+    codec_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, numel: int, itemsize: int, dtype_name: str, gradients: int = 1) -> None:
@@ -204,12 +207,18 @@ class WireCounter:
         with self._lock:
             self.tensors += n
 
+    def add_codec_time(self, seconds: float) -> None:
+        with self._lock:
+            self.codec_seconds += seconds
+
     def snapshot(self) -> dict:
         with self._lock:
-            return {"tensors": self.tensors, "bytes": self.bytes, "dtypes": sorted(self.dtypes)}
+            return {"tensors": self.tensors, "bytes": self.bytes, "dtypes": sorted(self.dtypes),
+                    "codec_seconds": self.codec_seconds}
 
     def reset(self) -> None:
         with self._lock:
             self.tensors = 0
             self.bytes = 0
             self.dtypes = set()
+            self.codec_seconds = 0.0
