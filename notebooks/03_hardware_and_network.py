@@ -154,7 +154,7 @@ assert values[0] < values[1] < values[-1]          # NVLink < PCIe 5 < this mach
 import json
 from pathlib import Path
 
-RECORD = "2026-12-02-sweep-full-torch-final"
+RECORD = "2026-12-02-sweep-full-torch-in-situ"
 folder = Path("../benchmarks/results/link")   # relative to notebooks/, where the notebook runs
 sweep = json.loads((folder / f"{RECORD}.json").read_text())
 command = json.loads((folder / "records.json").read_text())["records"][RECORD]["command"]

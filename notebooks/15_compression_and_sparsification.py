@@ -269,7 +269,7 @@ assert encode["fp16"] < encode["topk:0.01"]   # two casts against a top-k, a gat
 import json
 from pathlib import Path
 
-RECORD = "2026-12-02-sweep-full-torch-final"
+RECORD = "2026-12-02-sweep-full-torch-in-situ"
 folder = Path("../benchmarks/results/link")   # relative to notebooks/, where the notebook runs
 sweep = json.loads((folder / f"{RECORD}.json").read_text())
 print(f"record {RECORD}: `{json.loads((folder / 'records.json').read_text())['records'][RECORD]['command']}`")
