@@ -5,8 +5,8 @@ What it adds to a plain ``docker build``:
 
 - **A base image without a registry.** The Dockerfiles' default bases are public images (``python:3.11-slim-bookworm``,
   ``nvidia/cuda:...``). Where they cannot be pulled, it makes a Debian 12 base from Debian's package archive
-  (``docker/make_base.sh``: debootstrap + ``docker import``) and builds on that; not for ``gpu-tf``, which it refuses
-  there in one line (that base has no CUDA 12 compiler, and PyPI has none).
+  (``docker/make_base.sh``: debootstrap + ``docker import``) and builds on that. ``gpu-tf`` needs a CUDA 12 compiler,
+  which PyPI does not have: its local bases are Debian 13, the builder's with Debian's CUDA 12.4 toolkit (non-free).
 - **This machine's pip settings, without baking them in.** pip's configuration (``pip config list``: files and
   ``PIP_*`` variables) enters the build as build arguments of the builder stage (index URLs, find-links) and BuildKit
   secrets (the CA bundle ``cert`` names, a constraints file), so no layer of the final image holds them. Local
@@ -44,6 +44,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_BASE = "hvdsync-base:bookworm"
+# The bases this script can make from Debian's archive (docker/make_base.sh TAG SUITE PACKAGES...), by tag.
+LOCAL_RECIPES = {
+    LOCAL_BASE: ("bookworm", ()),
+    # TensorFlow's GPU image: PyPI has no CUDA 12 compiler, Debian 13 has one (nvidia-cuda-toolkit 12.4, non-free).
+    # Its Python is 3.13, so the final stage runs on Debian 13 too (the venv moves between the stages).
+    "hvdsync-base:trixie-cuda12": ("trixie", ("nvidia-cuda-toolkit",)),
+    "hvdsync-base:trixie": ("trixie", ()),
+}
 # Where pip's local folders are served during a build (HVDSYNC_DOCKER_PORT overrides).
 LOCAL_PORT = int(os.environ.get("HVDSYNC_DOCKER_PORT", "47321"))
 # Each image: its Dockerfile, its build arguments, its tags and its public bases by build argument (the GPU images
@@ -58,16 +66,17 @@ VARIANTS = {
                             "BASE_IMAGE": "nvidia/cuda:13.0.1-runtime-ubuntu24.04"}},
     "gpu-tf": {"dockerfile": "Dockerfile.gpu", "args": {"FRAMEWORK": "tensorflow"}, "tags": ["hvdsync:gpu-tf"],
                "bases": {"BUILD_IMAGE": "nvidia/cuda:12.9.1-devel-ubuntu24.04",
-                         "BASE_IMAGE": "nvidia/cuda:12.9.1-runtime-ubuntu24.04"}},
+                         "BASE_IMAGE": "nvidia/cuda:12.9.1-runtime-ubuntu24.04"},
+               "local_bases": {"BUILD_IMAGE": "hvdsync-base:trixie-cuda12", "BASE_IMAGE": "hvdsync-base:trixie"}},
 }
 # `gpu` was the one GPU image (torch with NCCL, TensorFlow on the CPU): it is now the torch image, and that image is
 # tagged hvdsync:gpu too, so `make docker-gpu` and `docker run hvdsync:gpu ...` keep working.
 ALIASES = {"gpu": "gpu-torch"}
 DEFAULT_BASES = {name: v["bases"] for name, v in VARIANTS.items()}
-# Variants whose builder needs a CUDA compiler that pip cannot install, so the local Debian base (no CUDA) cannot build
-# them. gpu-torch's CUDA 13 nvcc comes from PyPI there (scripts/cuda-build-requirements.txt); TensorFlow's CUDA 12 has
-# none on PyPI: nvidia-cuda-nvcc-cu12 holds only ptxas (the wheel's file list; NVIDIA/cuda-python issue #2100). Refused
-# before anything is built, rather than after the GBs of wheels of the dependency step.
+# Variants whose builder needs a CUDA compiler that pip cannot install, so the local Debian 12 base (no CUDA) cannot
+# build them. gpu-torch's CUDA 13 nvcc comes from PyPI there (scripts/cuda-build-requirements.txt); TensorFlow's CUDA 12
+# has none on PyPI: nvidia-cuda-nvcc-cu12 holds only ptxas (the wheel's file list; NVIDIA/cuda-python issue #2100).
+# Asked for by --base, it is refused before anything is built; without --base, gpu-tf's own local bases serve.
 NO_PIP_COMPILER = {"gpu-tf": ("CUDA 12", "nvidia-cuda-nvcc-cu12 holds only ptxas")}
 # pip settings that become build arguments (pip reads PIP_<NAME> from the environment of the builder's RUN steps).
 ARG_KEYS = ("index-url", "extra-index-url", "find-links", "trusted-host", "default-timeout")
@@ -107,19 +116,21 @@ def image_exists(docker: list[str], image: str) -> bool:
     return subprocess.run(docker + ["image", "inspect", image], capture_output=True).returncode == 0
 
 
-def refuse_local_base(variant: str, build_image: str, why: str = "") -> None:
-    """Stop, in one line, where ``variant`` would build on the local Debian base without a compiler it can get."""
+def refuse_local_base(variant: str, build_image: str) -> None:
+    """Stop, in one line, where ``variant`` would build on the local Debian 12 base without a compiler it can get."""
     if variant in NO_PIP_COMPILER and build_image == LOCAL_BASE:
         cuda, wheel = NO_PIP_COMPILER[variant]
-        raise BuildError(f"{variant} cannot be built on {LOCAL_BASE}, the local Debian base{why}: it has no {cuda} "
-                         f"compiler (nvcc), and PyPI has none ({wheel}); build where a registry serves "
-                         f"{DEFAULT_BASES[variant]['BUILD_IMAGE']}, or give an image with {cuda}'s nvcc: --base IMAGE "
+        raise BuildError(f"{variant} cannot be built on {LOCAL_BASE}, the local Debian 12 base: it has no {cuda} "
+                         f"compiler (nvcc), and PyPI has none ({wheel}); build without --base (where "
+                         f"{DEFAULT_BASES[variant]['BUILD_IMAGE']} cannot be pulled, on Debian 13 bases made here, "
+                         f"with Debian's CUDA 12.4 toolkit), or give an image with {cuda}'s nvcc: --base IMAGE "
                          "(docker build: --build-arg BUILD_IMAGE=IMAGE)")
 
 
 def resolve_bases(docker: list[str], wanted: str | None, variant: str) -> dict[str, str]:
     """The base image(s) to build on, by build argument: the one asked for, else the public defaults if they can be
-    pulled, else a Debian base made here (for every stage: the venv moves between them, so their Python must agree)."""
+    pulled, else Debian bases made here (the variant's ``local_bases``, else Debian 12 for every stage: the venv
+    moves between the stages, so their Python must agree)."""
     defaults = DEFAULT_BASES[variant]
     if wanted:
         return {arg: wanted for arg in defaults}
@@ -128,16 +139,18 @@ def resolve_bases(docker: list[str], wanted: str | None, variant: str) -> dict[s
             continue
         say(f"pulling {image}")
         if subprocess.run(docker + ["pull", "-q", image], capture_output=True, timeout=1800).returncode != 0:
-            refuse_local_base(variant, LOCAL_BASE, f" ({image} cannot be pulled: no registry reachable)")
-            say(f"{image} cannot be pulled (no registry reachable): building on {LOCAL_BASE}, made from Debian "
-                "packages")
             break
     else:
         return dict(defaults)
-    if not image_exists(docker, LOCAL_BASE):
-        subprocess.run(["bash", str(ROOT / "docker" / "make_base.sh"), LOCAL_BASE], check=True,
-                       env={**os.environ, "DOCKER": docker[0]})
-    return {arg: LOCAL_BASE for arg in defaults}
+    local = VARIANTS[variant].get("local_bases") or {arg: LOCAL_BASE for arg in defaults}
+    say(f"{image} cannot be pulled (no registry reachable): building on {', '.join(sorted(set(local.values())))}, "
+        "made from Debian packages")
+    for tag in dict.fromkeys(local.values()):
+        if not image_exists(docker, tag):
+            suite, packages = LOCAL_RECIPES[tag]
+            subprocess.run(["bash", str(ROOT / "docker" / "make_base.sh"), tag, suite, *packages], check=True,
+                           env={**os.environ, "DOCKER": docker[0]})
+    return dict(local)
 
 
 def pip_settings() -> dict[str, str]:
