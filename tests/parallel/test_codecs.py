@@ -45,7 +45,7 @@ def test_counted_wire_bytes_equal_the_codec_formula(checks):
 def test_the_codecs_own_time_is_counted_where_python_runs_it(checks):
     # PyTorch's adapter times each codec's kernels (not its collectives): WireCounter.codec_seconds, what the link
     # benchmark's cost model takes as the encoding. TensorFlow runs them in a compiled step: 0, not a wrong figure.
-    for (spec, ef), r in checks["runs"].items():
+    for (spec, _ef), r in checks["runs"].items():
         seconds = r["wire"]["codec_seconds"]
         if checks["framework"] == "tensorflow" or spec == "none":
             assert seconds == 0.0 or (spec == "none" and seconds < 1.0), (spec, seconds)

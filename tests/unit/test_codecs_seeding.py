@@ -10,10 +10,14 @@ def test_wire_counter_counts_tensors_bytes_dtypes():
     c = WireCounter()
     c.record(10, 2, "float16")
     c.record(5, 2, "float16")
-    assert c.snapshot() == {"tensors": 2, "bytes": 30, "dtypes": ["float16"]}
+    assert c.snapshot() == {"tensors": 2, "bytes": 30, "dtypes": ["float16"], "codec_seconds": 0.0}
     c.record(8, 4, "int32", gradients=0)           # a second piece of a gradient: bytes, not another gradient
     c.add_gradients(1)
-    assert c.snapshot() == {"tensors": 3, "bytes": 62, "dtypes": ["float16", "int32"]}
+    c.add_codec_time(0.25)
+    c.add_codec_time(0.5)
+    assert c.snapshot() == {"tensors": 3, "bytes": 62, "dtypes": ["float16", "int32"], "codec_seconds": 0.75}
+    c.reset()
+    assert c.snapshot() == {"tensors": 0, "bytes": 0, "dtypes": [], "codec_seconds": 0.0}
     c.reset()
     assert c.snapshot()["tensors"] == 0
 

@@ -190,7 +190,8 @@ class WireCounter:
     bytes: int = 0
     dtypes: set = field(default_factory=set)
     # Seconds the codec's own kernels took (encode, decode, residuals), not waiting for collectives; added by the
-    # eager adapters (PyTorch's). TensorFlow's codecs run inside a compiled step, where Python cannot time them.
+    # eager adapters (PyTorch's). TensorFlow's codecs run inside a compiled step, where Python cannot time them. On a
+    # GPU it is the kernels' launch, not their run (CUDA is asynchronous): a CPU figure, for the link benchmark.
     codec_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
