@@ -83,15 +83,17 @@ def job(argv: list[str]) -> int:
     one_host = "," not in spec["hosts"]
     where = {"hosts": spec["hosts"], "ssh_identity_file": spec["key"], "network_interfaces": None if one_host else ["hv0"]}
     cfgs = [Config.from_dict(c) for c in spec["configs"]]
-    encode = {}
+    encode, call = {}, 0.0
     if spec["encode"]:
         data, train = cfgs[0].data, cfgs[0].train
         shapes = link_encode.mlp_shapes(train.framework, data.synthetic_features, train.hidden)
         by_rank = launch.run(link_encode.on_workers, args=(train.framework, spec["encode"], shapes), np=train.np,
                              **where)
-        encode = {c: max(r[c] for r in by_rank) for c in spec["encode"] + ["call"]}   # the slowest rank sets the step
+        # The slowest rank sets the step.
+        encode = {c: max(r["encode"][c] for r in by_rank) for c in spec["encode"]}
+        call = max(r["call"] for r in by_rank)
     results = launch.train_many(cfgs, **where)
-    print("RESULT " + json.dumps({"results": results, "encode": encode}), flush=True)
+    print("RESULT " + json.dumps({"results": results, "encode": encode, "call": call}), flush=True)
     return 0
 
 
@@ -185,12 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                         "encode": [c for c in hv if not c.startswith("local_sgd")]}
                 got = _result(cluster.run("node1", [sys.executable, __file__, "job", json.dumps(spec)], cwd=ROOT,
                                           env=env), f"the job at {rate} ({framework})")
-                encode = got["encode"]
+                encode, call = got["encode"], got["call"]
                 out["rows"] += [summarise(r, rate, bps, encode.get(r["config"]["sync"]["compression"], 0.0)
-                                          if r["config"]["sync"]["mode"] == "allreduce" else 0.0,
-                                          call_s=encode.get("call", 0.0))
+                                          if r["config"]["sync"]["mode"] == "allreduce" else 0.0, call_s=call)
                                 for r in got["results"]]
-                out.setdefault("call_ms", {})[f"{rate} {framework}"] = 1e3 * encode.get("call", 0.0)
+                out.setdefault("call_ms", {})[f"{rate} {framework}"] = 1e3 * call
                 hooks = [r for r in runs if r.startswith("ddp")]
                 if hooks and framework == "torch":
                     out["rows"] += [ddp_row(r, rate) for r in run_ddp(cluster, hooks, cfgs[0], env)]

@@ -114,7 +114,9 @@ def mlp_shapes(framework: str, features: int, hidden: int, classes: int = 10) ->
 def call_seconds(hvd, tensor, repeats: int = 30) -> float:
     """Median seconds of one Horovod call that moves (almost) nothing: a grouped all-reduce of two 1-element tensors,
     as a codec's round is one grouped request. What a round costs before its bytes: the request waits for the
-    background thread's next cycle, rank 0 negotiates it with every rank, then a ring of a few bytes."""
+    background thread's next cycle, rank 0 negotiates it with every rank, then a ring of a few bytes. The figure
+    :func:`hvdlab.torch.measure.collective_times` calls ``call`` (a plain 4-byte all-reduce, PyTorch only, timed
+    among its patterns); this one takes either framework's ``hvd``, inside a link job."""
     runs = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
@@ -125,8 +127,8 @@ def call_seconds(hvd, tensor, repeats: int = 30) -> float:
 
 def on_workers(framework: str, specs: Sequence[str], shapes: Sequence[tuple[int, ...]], repeats: int = 5) -> dict:
     """Run on every Horovod worker (:func:`hvdsync.launch.run`): all ranks time at once (after a barrier), so the
-    timing shares the host's cores as training does. Returns this rank's :func:`time_codecs`, and under ``"call"``
-    the cost of one Horovod call over the job's link (:func:`call_seconds`)."""
+    timing shares the host's cores as training does. Returns this rank's ``{"encode": time_codecs(...), "call":
+    call_seconds(...)}``: each codec's encoding, and the cost of one Horovod call over the job's link."""
     import importlib
 
     from hvdsync.core.train.seeding import threads_per_worker
@@ -136,5 +138,5 @@ def on_workers(framework: str, specs: Sequence[str], shapes: Sequence[tuple[int,
     one = np.zeros(1, np.float32) if framework == "tensorflow" else __import__("torch").zeros(1)
     hvd.allreduce(one, name="link_encode.barrier")
     call = call_seconds(hvd, one)
-    return {**time_codecs(framework, specs, shapes, hvd.size(), repeats, threads_per_worker(hvd.local_size())),
+    return {"encode": time_codecs(framework, specs, shapes, hvd.size(), repeats, threads_per_worker(hvd.local_size())),
             "call": call}
