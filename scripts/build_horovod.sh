@@ -308,7 +308,8 @@ case "$action" in
 esac
 
 # The key of the Horovod installed in this environment is kept beside it, in the environment's prefix.
-marker="$("$PY" -c 'import sys; print(sys.prefix)')/hvdsync-horovod-build-key"
+prefix="$("$PY" -c 'import sys; print(sys.prefix)')"   # the environment's root (a venv's folder)
+marker="$prefix/hvdsync-horovod-build-key"
 installed_key="$(cat "$marker" 2>/dev/null || true)"
 "$PY" -c 'import horovod' 2>/dev/null || installed_key=""
 if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" != 1 ] && [ "$installed_key" = "$key" ]; then
@@ -369,9 +370,8 @@ PYEOF
   # No cmake on PATH: the environment's own (the `build` extra), which a venv's bin/ need not put there (a
   # Dockerfile's builder, a chroot). Horovod's setup.py would pip-install a temporary one instead, which fails without
   # an index and was seen failing behind a TLS-intercepting proxy.
-  env_cmake="$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/cmake"
-  if [ -z "${HOROVOD_CMAKE:-}" ] && ! command -v cmake >/dev/null && [ -x "$env_cmake" ]; then
-    export HOROVOD_CMAKE="$env_cmake"
+  if [ -z "${HOROVOD_CMAKE:-}" ] && ! command -v cmake >/dev/null && [ -x "$prefix/bin/cmake" ]; then
+    export HOROVOD_CMAKE="$prefix/bin/cmake"
   fi
   export MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}"
   if [ -n "$gcc13_includes" ]; then
