@@ -13,8 +13,10 @@ host lists; Horovod's rendezvous, Gloo and hvdsync's workers are the same as in 
 process) must be reachable from every node: run it on a node of the cluster (``ray job submit -- hvdsync train
 --ray auto ...`` does that from elsewhere).
 
-Checked before any worker starts, one line each: Ray not installed, an address where no Ray head answers, more
-workers (or an elastic job's ``min_np``) than the cluster's CPUs or GPUs hold.
+Checked before any worker starts, one line each: Ray not installed, an address where no Ray head answers, a cluster
+with token authentication and no token here or the wrong one (:mod:`hvdsync.launch.ray_auth`: hvdsync connects with
+the token where the cluster wants it, as Ray's own clients do), more workers (or an elastic job's ``min_np``) than the
+cluster's CPUs or GPUs hold.
 
 Horovod 0.28.1's integration was written against Ray 1.x-2.3. With today's Ray (2.60) its static and elastic paths
 run as they are; two driver-side lines are fixed here at run time, so Horovod's source and build stay as they are
@@ -43,7 +45,7 @@ from hvdsync.core.elastic.loop import FAULTS_ENV, RUN_DIR_ENV
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.loop import FitResult
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
-from hvdsync.launch import worker
+from hvdsync.launch import ray_auth, worker
 from hvdsync.launch.local import QUIET_ENV, WorkerError, _follow_progress, preflight
 
 INSTALL = "pip install 'hvdsync[ray]'"
@@ -120,13 +122,14 @@ def _connected(ray, address: str, quiet: bool) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    # log_to_driver: the workers' output comes here only when asked (--verbose); it is always in Ray's logs of
-    # each node (<temp dir>/session_latest/logs/worker-*.out), and a failed rank's traceback comes with its error.
-    ray.init(address=address, log_to_driver=not quiet, logging_level=logging.WARNING)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    with ray_auth.authenticated(address):  # a token where the cluster wants one, or one line saying what is wrong
+        # log_to_driver: the workers' output comes here only when asked (--verbose); it is always in Ray's logs of
+        # each node (<temp dir>/session_latest/logs/worker-*.out), and a failed rank's traceback comes with its error.
+        ray.init(address=address, log_to_driver=not quiet, logging_level=logging.WARNING)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def _alive(ray) -> list[dict]:
