@@ -9,12 +9,20 @@ Each node runs ``ray start --block`` (the node lives as long as that process; ki
 temp dir of its own (two raylets on one file system would otherwise share socket names) and usage stats off. The
 head checks its nodes' health every second so a killed raylet's node is marked dead in about 3 s, not 15-30 s.
 
+Token authentication is on, as Ray is making it the default for every cluster: the nodes run with ``RAY_AUTH_MODE=token``
+and a token of this session's own (``RAY_AUTH_TOKEN_PATH``), each with a home of its own. The drivers (``hvdsync
+train``, the jobs of tests/ray/ray_jobs.py) run as a user who has that token where Ray keeps it, ``~/.ray/auth_token``
+of their own home, with no ``RAY_AUTH_*`` variable set: hvdsync has to find it there as Ray's own clients do. Nothing
+reads or writes the home of whoever runs the tests (``~/.ray`` among it): every process started here gets a home under
+this session's temp dir, and ``RAY_AUTH_*`` of the caller's environment is never passed on.
+
 Skipped with one line where Ray is not installed (``pip install 'hvdsync[ray]'``) or test hosts cannot be made.
 """
 import importlib.util
 import json
 import os
 import shutil
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,6 +45,25 @@ HEAD_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_thre
 NO_RAY = "ray is not installed: pip install 'hvdsync[ray]' (tests/ray run the Ray launcher on a 2-node cluster)"
 
 
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def clean_env(home: Path, **extra) -> dict:
+    """This process's environment for a Ray process of the tests: ``home`` as its home, no ``RAY_AUTH_*`` of the
+    caller's, the venv's tools first on PATH, usage stats off."""
+    env = {k: v for k, v in os.environ.items() if k not in AUTH_ENV}
+    return {**env, "HOME": str(home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "TF_CPP_MIN_LOG_LEVEL": "2",
+            "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+def user_home(path: Path, token: str | None) -> Path:
+    """A home as a Ray user's: ``~/.ray/auth_token`` holding ``token`` (None: no such file)."""
+    (path / ".ray").mkdir(parents=True, exist_ok=True)
+    if token is not None:
+        (path / ".ray" / "auth_token").write_text(token + "\n")
+    return path
+
+
 class RayCluster:
     """The nodes, by test host; :meth:`kill_raylet` and :meth:`start` change them while a job runs."""
 
@@ -44,10 +71,19 @@ class RayCluster:
         self.hosts, self.temp = hosts, temp
         self.address = f"{hosts.host('node1').address}:{PORT}"
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.token = secrets.token_hex(16)   # this cluster's own: never the runner's ~/.ray/auth_token
+        self.token_file = temp / "cluster-token"
+        self.token_file.write_text(self.token)
+        self.node_home = user_home(temp / "node-home", None)
+        self.user_home = user_home(temp / "user-home", self.token)
 
     def env(self, **extra) -> dict:
-        return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "TF_CPP_MIN_LOG_LEVEL": "2",
-                "RAY_USAGE_STATS_ENABLED": "0", **extra}
+        """A driver's environment: the cluster's token only in its home's ~/.ray/auth_token (``HOME=`` in ``extra``
+        gives another home)."""
+        return clean_env(self.user_home, **extra)
+
+    def node_env(self, **extra) -> dict:
+        return clean_env(self.node_home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file), **extra)
 
     def start(self, name: str) -> None:
         head = name == "node1"
@@ -56,7 +92,7 @@ class RayCluster:
                 "--object-store-memory=100000000"]
         argv += ["--head", f"--port={PORT}", "--include-dashboard=false"] if head else [f"--address={self.address}"]
         log = open(self.temp / f"{name}.log", "ab")
-        self.nodes[name] = self.hosts.popen(name, argv, cwd=ROOT, env=self.env(**(HEAD_ENV if head else {})),
+        self.nodes[name] = self.hosts.popen(name, argv, cwd=ROOT, env=self.node_env(**(HEAD_ENV if head else {})),
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
@@ -66,7 +102,7 @@ class RayCluster:
                 "while sum(n['Alive'] for n in ray.nodes()) != int(sys.argv[2]):\n"
                 "    assert time.time() - t < float(sys.argv[3]), ray.nodes(); time.sleep(0.2)\n")
         out = self.hosts.run("node1", [sys.executable, "-c", code, self.address, str(count), str(timeout)],
-                             cwd=ROOT, env=self.env(), timeout=timeout + 30)
+                             cwd=ROOT, env=self.node_env(), timeout=timeout + 30)
         assert out.returncode == 0, self.logs() + out.stderr[-3000:]
 
     def kill_raylet(self, name: str) -> None:
@@ -109,6 +145,15 @@ class RayCluster:
         """``hvdsync ...`` on node1 (text output)."""
         return self.hosts.run("node1", [str(BIN / "hvdsync"), *argv], cwd=ROOT, env=self.env(**env),
                               timeout=timeout)
+
+    def refused(self, *argv: str, **env) -> str:
+        """An `hvdsync train` on node1 that must stop before any worker starts: exit status 2, one line on stderr,
+        nothing on stdout; returns the line."""
+        out = self.hvdsync("train", "--no-track", *argv, timeout=120, **env)
+        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        lines = [x for x in out.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and not out.stdout.strip(), out.stdout[-2000:] + out.stderr[-2000:]
+        return lines[0]
 
 
 @pytest.fixture(scope="session")

@@ -74,12 +74,7 @@ def test_hvdsync_train_ray_auto_trains_and_records_the_run_once(ray_cluster, tmp
 
 
 def _refused(cluster, *argv, **env) -> str:
-    """An `hvdsync train` on node1 that must stop before any worker starts: exit status 2, one line; returns it."""
-    out = cluster.hvdsync("train", "--no-track", *argv, timeout=120, **env)
-    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
-    lines = [x for x in out.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, out.stderr
-    return lines[0]
+    return cluster.refused(*argv, **env)
 
 
 def test_bad_input_stops_before_any_worker_with_one_line(ray_cluster):
