@@ -51,7 +51,7 @@ from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import hosts as host_lists
 from hvdsync.launch import reach, worker
 from hvdsync.launch.hosts import Host
-from hvdsync.launch.local import WorkerError, environ, preflight, run
+from hvdsync.launch.local import WorkerError, environ, job_run, preflight, run
 
 DISCOVERY = "discover_hosts.sh"
 GLOO_TIMEOUT_S = 180  # see run_elastic
@@ -198,10 +198,37 @@ def _ssh_options() -> Iterator[None]:
         remote.SSH_COMMAND_PREFIX = saved
 
 
+@contextlib.contextmanager
+def _lost_hosts(lost: list[dict] | None) -> Iterator[None]:
+    """Append ``{"host", "time"}`` to ``lost`` each time Horovod's driver excludes a host whose workers failed (for
+    the job's MLflow run: which host was lost, and when). Horovod says so only in an INFO log line, below the root
+    logger's level here, so its host manager's ``blacklist`` is wrapped while the job runs."""
+    if lost is None:
+        yield
+        return
+    import time
+
+    from horovod.runner.elastic.discovery import HostManager
+
+    original = HostManager.blacklist
+
+    def blacklist(manager, host):
+        if not manager.is_blacklisted(host):
+            lost.append({"host": host, "time": time.time()})
+        return original(manager, host)
+
+    HostManager.blacklist = blacklist
+    try:
+        yield
+    finally:
+        HostManager.blacklist = original
+
+
 def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path, hosts=None,
                 sync=None, env: dict[str, str] | None = None, faults: str = "", quiet: bool = True,
                 progress: bool = True, ssh_port: int | None = None, ssh_identity_file: str | None = None,
-                network_interfaces: list[str] | None = None) -> list:
+                network_interfaces: list[str] | None = None, lost: list[dict] | None = None,
+                placed: tuple[list[Host], dict] | None = None) -> list:
     """Run ``fn(*args)`` as an elastic job (see the module docstring); returns the results.
 
     Args:
@@ -214,11 +241,13 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
         network_interfaces: the interfaces the workers talk over (default: ``lo`` on one machine; across hosts,
             the ones Horovod finds common to the first hosts).
         faults: fault injection, e.g. ``"kill@7:127.0.0.1"``.
+        lost: a list to which each host Horovod excluded after its workers failed is appended (``{"host", "time"}``).
+        placed: what :func:`placement` returned for these arguments, when the caller has checked them already.
     """
     import horovod.runner as horovod_runner  # noqa: F401 - fails early and clearly when Horovod is missing
 
     run_dir = Path(run_dir)
-    first, where = placement(elastic, np, hosts, ssh_port, ssh_identity_file, network_interfaces)
+    first, where = placed or placement(elastic, np, hosts, ssh_port, ssh_identity_file, network_interfaces)
     script = write_discovery(run_dir, first)
     options = {"min_num_proc": elastic.min_np, "max_num_proc": elastic.max_np, "host_discovery_script": str(script),
                **where}
@@ -244,7 +273,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
         # measures it): lower it in the environment for faster recovery where workers start fast.
         gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
         timeouts = {"HOROVOD_ELASTIC_TIMEOUT": str(elastic.timeout_s), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout}
-        with environ(timeouts), _ssh_options():
+        with environ(timeouts), _ssh_options(), _lost_hosts(lost):
             results = run(fn, args=args, np=np, env=worker_env, quiet=quiet, progress=progress,
                           log_dir=run_dir, runner_options=options)
     except WorkerError as exc:
@@ -302,11 +331,23 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
     preflight(cfg)
     own = log_dir is None
     run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-elastic-"))
+    lost: list[dict] = []
     try:
-        results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, cfg.train.np, run_dir,
-                              hosts=hosts, sync=cfg.sync, faults=faults, quiet=quiet, progress=progress,
-                              ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
-                              network_interfaces=network_interfaces)
+        # Checked before the job's run is made: a bad host list is one line, not a FAILED run.
+        placed = placement(cfg.elastic, cfg.train.np, hosts, ssh_port, ssh_identity_file, network_interfaces)
+        first = placed[0]
+        with job_run(cfg, "elastic", resumed_run(cfg)) as job:
+            try:
+                results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, cfg.train.np,
+                                      run_dir, hosts=hosts, sync=cfg.sync, faults=faults, quiet=quiet,
+                                      progress=progress, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
+                                      network_interfaces=network_interfaces, lost=lost, placed=placed)
+            except WorkerError:
+                if job is not None:
+                    job.end("FAILED", reset_tags(cfg.train.np, [], lost, first))
+                raise
+            if job is not None:
+                job.end("FINISHED", reset_tags(cfg.train.np, results[0].get("resets", []), lost, first))
     except ConfigError:  # stopped before anything started: nothing in our folder worth keeping
         if own:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -314,3 +355,36 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
     if own:
         shutil.rmtree(run_dir, ignore_errors=True)
     return ElasticResult(**results[0])
+
+
+def resumed_run(cfg: Config) -> str | None:
+    """The MLflow run a resumed job goes on with: the one its newest valid checkpoint names (the workers load the
+    same checkpoint); None for a fresh job or a checkpoint without one. One run per job, however often it resumes:
+    its metrics go on by step, and its tags count the resumes (:func:`hvdsync.core.telemetry.jobrun.begin`)."""
+    if not (cfg.elastic.resume and cfg.elastic.checkpoint_dir and cfg.tracking.enabled):
+        return None
+    from hvdsync.core.elastic.checkpoint import CheckpointStore
+
+    # Quietly: the workers report skipped checkpoints when they load the same one.
+    ckpt = CheckpointStore(cfg.elastic.checkpoint_dir, report=lambda line: None).latest(say_fresh=False)
+    return ckpt.meta.get("run_id") if ckpt is not None else None
+
+
+def reset_tags(np: int, resets: list[dict], lost: list[dict], hosts: list[Host] | None) -> dict[str, str]:
+    """The tags that record an elastic job's resets in its run: the world sizes in order, each reset (when, why,
+    the sizes, the recovery time) and each host Horovod excluded after its workers failed, with when."""
+    import time
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    tags = {"hvdsync.world_sizes": ",".join(str(n) for n in [np, *(e["size_after"] for e in resets)]),
+            "hvdsync.resets": str(len(resets))}
+    for i, e in enumerate(resets, 1):
+        tags[f"hvdsync.reset.{i}"] = (f"{when(e['time'])}: {e['reason']}, {e['size_before']} -> {e['size_after']} "
+                                      f"workers, recovered in {e['recovery_seconds']:.2f}s (step {e['step']})")
+    if lost:
+        tags["hvdsync.lost_hosts"] = ", ".join(f"{x['host']} at {when(x['time'])}" for x in lost)
+    if hosts:
+        tags["hvdsync.first_hosts"] = host_lists.to_horovod(hosts)
+    return tags

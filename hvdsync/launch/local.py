@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvdsync.config import Config, ConfigError
+from hvdsync.core.telemetry import jobrun
+from hvdsync.core.telemetry.jobrun import JobRun
 from hvdsync.core.train.loop import FitResult
 from hvdsync.core.telemetry.progress import PROGRESS_ENV, progress_display
 from hvdsync.core.train.runtime import apply_horovod_env
@@ -302,9 +304,35 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
     Every config error, host-list error and Horovod build mismatch is raised here, before any worker starts.
     """
     preflight(cfg)
-    results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, quiet=quiet,
-                  progress=progress, log_dir=log_dir, **where)
+    # The hosts are checked before the job's run is made: a bad host list is one line, not a FAILED run.
+    placed = _where(where.pop("hosts", None), cfg.train.np, where.pop("ssh_port", None),
+                    where.pop("ssh_identity_file", None), where.pop("network_interfaces", None))
+    if where:
+        raise TypeError(f"train() got unexpected keyword arguments: {', '.join(sorted(where))}")
+    with job_run(cfg, "local"):
+        results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, quiet=quiet,
+                      progress=progress, log_dir=log_dir, runner_options=placed)
     return FitResult(**results[0])
+
+
+@contextlib.contextmanager
+def job_run(cfg: Config, launcher: str, continue_run: str | None = None) -> Iterator[JobRun | None]:
+    """The job's MLflow run, created here before any worker starts and handed to them in the environment
+    (:mod:`hvdsync.core.telemetry.jobrun`); ended with how the block ended (``FINISHED``, ``FAILED``, ``KILLED``),
+    unless the block ended it itself with more to say (the elastic launcher's resets)."""
+    tags = {"framework": cfg.train.framework, "hvdsync.launcher": launcher}
+    if cfg.elastic.enabled:
+        tags["elastic"] = "true"
+    job = jobrun.begin(cfg.tracking, tags, continue_run)
+    try:
+        with environ(job.env() if job is not None else {}):
+            yield job
+    except BaseException as exc:
+        if job is not None:
+            job.end(jobrun.status_for(exc))
+        raise
+    if job is not None:
+        job.end("FINISHED")
 
 
 def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool = True,

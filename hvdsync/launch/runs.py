@@ -65,6 +65,10 @@ def list_runs(uri: str = "", experiment: str | None = None, limit: int = 20) -> 
 
 
 def _cmd_list(ns) -> int:
+    from hvdsync.core.telemetry.jobrun import end_abandoned
+
+    # A job killed whole (launcher included) left its run RUNNING: end it as KILLED before showing it.
+    end_abandoned(uri=resolve_uri(ns.tracking_uri))
     runs = list_runs(ns.tracking_uri, ns.experiment, ns.limit)
     rows = [["run id", "name", "status", "framework", "np", "compression", "accumulate", *SHOWN_METRICS[:2]]]
     for r in runs:
@@ -154,17 +158,28 @@ def _cmd_compare(ns) -> int:
 
 # ---- push -------------------------------------------------------------------------------------------------------
 def _cmd_push(ns) -> int:
+    from hvdsync.core.telemetry.jobrun import end_abandoned
     from hvdsync.core.telemetry.spool import Spool, push
 
-    paths = []
+    paths, folders = [], []
     for p in map(Path, ns.spools):
-        paths += sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
-    if not paths:
+        if p.is_dir():
+            paths += sorted(p.glob("*.jsonl"))
+            folders.append(p)
+        elif p.is_file():
+            paths.append(p)
+            folders.append(p.parent)
+        else:
+            raise ConfigError(f"spool: {str(p)!r} does not exist")
+    # Jobs killed whole (launcher included) whose runs are still RUNNING: ended as KILLED first; what their rank 0
+    # spooled lands in them below.
+    ended = [run_id for folder in dict.fromkeys(folders) for run_id in end_abandoned(folder)]
+    for run_id in ended:
+        print(f"run {run_id}: its job was killed; ended as KILLED")
+    if not paths and not ended:
         raise ConfigError(f"spool: nothing to push in {', '.join(ns.spools)}")
     failed = 0
     for path in paths:
-        if not path.is_file():
-            raise ConfigError(f"spool: {str(path)!r} does not exist")
         try:
             done = push(Spool(path))
             print(f"{path.name}: sent {done['sent']} records to run {done['run_id']}")

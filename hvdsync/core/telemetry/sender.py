@@ -14,18 +14,15 @@ when the training process is gone and nothing more can come, or on SIGTERM (the 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from hvdsync.core.telemetry.spool import Spool, next_batch, pending_spools, push, send
+from hvdsync.core.telemetry.store import StoreError, prepare_store
 
 
 class _Follower:
@@ -51,34 +48,20 @@ def _status(spool: Spool, **state) -> None:
     os.replace(tmp, spool.path.with_suffix(".status"))
 
 
-@contextlib.contextmanager
-def _store_init_lock(uri: str):
-    """Hold a machine-wide lock while a SQLite store is opened. Opening a new SQLite store runs MLflow's schema
-    migrations, and two processes migrating the same fresh file at once fail ("duplicate column name"): that happens
-    when an elastic job's new rank 0 starts its sender while the old rank 0's sender is still creating the store.
-    A server store needs no lock (the server serialises its own migrations)."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    db = os.path.abspath(uri[len("sqlite:///"):])
-    name = "hvdsync-sqlite-" + hashlib.sha256(db.encode()).hexdigest()[:16] + ".lock"
-    with open(Path(tempfile.gettempdir()) / name, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def open_client(uri: str, attempts: int = 5):
-    """``MlflowClient(uri)``, which opens (and, the first time, creates) the store: one process at a time for a
-    SQLite file, retried a few times on errors such as a database locked by another writer."""
+    """``MlflowClient(uri)`` on a store made ready first: a launcher has done that before the job started; under a
+    user's own ``horovodrun`` the first sender does it (:func:`hvdsync.core.telemetry.store.prepare_store`: under a
+    lock, in a copy put in place in one step, so a rank 0 killed meanwhile cannot leave a half-migrated store).
+    Retried a few times on errors such as a database locked by another writer; a half-migrated store raises
+    :class:`~hvdsync.core.telemetry.store.StoreError` at once (retrying cannot mend it)."""
     import mlflow
 
     for attempt in range(attempts):
         try:
-            with _store_init_lock(uri):
-                return mlflow.MlflowClient(tracking_uri=uri)
+            prepare_store(uri)
+            return mlflow.MlflowClient(tracking_uri=uri)
+        except StoreError:
+            raise
         except Exception:  # noqa: BLE001 - a store that cannot be opened yet: try again, then give up loudly
             if attempt == attempts - 1:
                 raise
@@ -89,7 +72,11 @@ def run(spool_path: str, uri: str, retries: int = 3, probe_seconds: float = 2.0)
     """Follow and send ``spool_path`` to ``uri`` until the run ends (see the module docstring)."""
     parent = os.getppid()
     spool = Spool(spool_path)
-    client = open_client(uri)
+    try:
+        client = open_client(uri)
+    except StoreError as exc:  # the tracker warns with this line; everything stays in the spool for `runs push`
+        _status(spool, state="down", error=str(exc), earlier=0)
+        return 1
     follower = _Follower(spool)
     queue: list[dict] = []
     state = {"state": "up", "earlier": 0}

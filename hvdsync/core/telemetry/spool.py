@@ -5,7 +5,7 @@ file beside it (``.acks``) that lists the sequence numbers the store has accepte
 copies of the artifacts. Records, in order::
 
     {"seq": 0, "op": "start", "uri": ..., "experiment": ..., "run_name": ..., "tags": {...}}
-    {"seq": 1, "op": "params", "params": {...}}
+    {"seq": 1, "op": "params", "params": {...}, "only_new": true}    # only_new: into a run another process made
     {"seq": 2, "op": "metrics", "metrics": [[key, value, timestamp_ms, step], ...]}
     {"seq": 3, "op": "tags", "tags": {...}}
     {"seq": 4, "op": "artifact", "file": "<name in .files>", "artifact_path": "..."}
@@ -28,6 +28,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
+
+from hvdsync.core.telemetry.store import prepare_store
 
 # MLflow's log_batch limits (per request): 1000 metrics, 100 params, 100 tags.
 _MAX_METRICS, _MAX_PARAMS = 1000, 100
@@ -216,9 +218,12 @@ def replay(client, spool: Spool, record: dict) -> dict:
             return {"run_id": record["run_id"]}
         exp = client.get_experiment_by_name(record["experiment"])
         exp_id = exp.experiment_id if exp else _create_experiment(client, record["experiment"])
-        tag = (record.get("tags") or {}).get("hvdsync.spool")
-        if tag:  # created before, its answer lost? (see MLflowTracker.start)
-            found = client.search_runs([exp_id], f"tags.`hvdsync.spool` = '{tag}'", max_results=1)
+        tags = record.get("tags") or {}
+        # Created before, its answer lost (see MLflowTracker.start)? Or, for a job whose launcher could not create
+        # its run, by another rank 0 of the same job (the job's key): one run either way.
+        key = "hvdsync.job" if tags.get("hvdsync.job") else "hvdsync.spool"
+        if tags.get(key):
+            found = client.search_runs([exp_id], f"tags.`{key}` = '{tags[key]}'", max_results=1)
             if found:
                 return {"run_id": found[0].info.run_id}
         run = client.create_run(exp_id, run_name=record.get("run_name") or None, tags=record.get("tags") or {},
@@ -229,6 +234,9 @@ def replay(client, spool: Spool, record: dict) -> dict:
         raise RuntimeError("the run was not created yet")
     if op == "params":
         params = [Param(k, str(v)) for k, v in sorted(record["params"].items())]
+        if record.get("only_new"):  # into a run another process created: what it has stays (MLflow refuses changes)
+            have = client.get_run(run_id).data.params
+            params = [p for p in params if p.key not in have]
         for i in range(0, len(params), _MAX_PARAMS):
             client.log_batch(run_id, params=params[i:i + _MAX_PARAMS])
     elif op == "metrics":
@@ -279,7 +287,10 @@ def push(spool: Spool, client=None) -> dict:
     all is sent. Returns ``{"sent": n, "left": m, "run_id": ...}``; stops at the first record the store refuses."""
     import mlflow
 
-    client = client or mlflow.MlflowClient(tracking_uri=spool.target())
+    if client is None:
+        # Made ready first (never migrated in place; a half-migrated store is one StoreError line, untouched).
+        prepare_store(spool.target())
+        client = mlflow.MlflowClient(tracking_uri=spool.target())
     sent = 0
     with spool.locked() as mine:
         if not mine:

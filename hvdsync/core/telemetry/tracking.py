@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hvdsync.core.telemetry.jobrun import JOB_ENV, RUN_ID_ENV
 from hvdsync.core.telemetry.monitor import warn_line
 from hvdsync.core.telemetry.record import mask_url_passwords
 from hvdsync.core.telemetry import sender
@@ -109,6 +110,7 @@ class MLflowTracker(Tracker):
         self.messages: list[str] = []  # the warning, if any (the launcher shows it to the user)
         self.spool: Spool | None = None
         self._run_id: str | None = None
+        self._continuing = False  # writing into a run another process created: params it has stay as they are
         self.pushed_from_earlier = 0
 
     # ---- the training process's side: write to the spool, never wait -----------------------------------------
@@ -127,8 +129,12 @@ class MLflowTracker(Tracker):
             self._check_sender()
 
     def start(self, params: dict[str, Any], tags: dict[str, str] | None = None, run_id: str | None = None) -> None:
-        """Start the run; with ``run_id``, go on writing to that existing run instead (an elastic job's new rank 0,
-        a resumed job): no new run, and no params (MLflow refuses to change a logged param)."""
+        """Start the run; with ``run_id`` (or ``HVDSYNC_RUN_ID``: the run the job's launcher created), go on writing
+        to that existing run instead (the job's first rank 0, a new rank 0 after an elastic reset, a resumed job): no
+        new run, and only the params the run does not have yet (MLflow refuses to change a logged param; the first
+        rank 0's values stand, the launcher records the resets)."""
+        run_id = run_id or os.environ.get(RUN_ID_ENV) or None
+        job = os.environ.get(JOB_ENV, "")
         for key, value in HTTP_ENV.items():
             os.environ.setdefault(key, value)
         try:
@@ -144,10 +150,12 @@ class MLflowTracker(Tracker):
         # The spool's name as a tag makes creating the run idempotent: a create_run whose answer was lost (timed
         # out, server died) is found again instead of creating a second run.
         tags["hvdsync.spool"] = self.spool.path.stem
+        if job:  # every rank 0 of one job spools under its key: `runs push` makes one run of them (spool.replay)
+            tags["hvdsync.job"] = job
+        self._continuing = bool(run_id or job)
         self._write("start", uri=self._uri, experiment=self._experiment, run_name=self._run_name, tags=tags,
                     time=_now_ms(), **({"run_id": run_id} if run_id else {}))
-        if not run_id:
-            self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
+        self.log_params(params)
         try:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                 [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -161,7 +169,8 @@ class MLflowTracker(Tracker):
                        f"`hvdsync runs push {self.spool.path}` sends it")
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()})
+        self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()},
+                    **({"only_new": True} if self._continuing else {}))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = _now_ms()
