@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import hvdsync.torch as hs
 from hvdsync.config import from_command_line
-from hvdsync.core.train.data import digits
+from hvdsync.datasets import digits
 
 
 class DigitImages(Dataset):

@@ -1,0 +1,138 @@
+"""The public API is what docs/api.md lists: every name there imports from the path it names, the scripts users copy
+(README, examples/) import only from it, the old paths warn with the new one, and the version is the same everywhere."""
+import ast
+import importlib
+import pathlib
+import re
+import sys
+import tomllib
+import warnings
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+API = (ROOT / "docs" / "api.md").read_text()
+
+
+def _documented() -> dict[str, list[str]]:
+    """``{module: [names]}`` from docs/api.md: a ``### `module` `` heading, then bullets whose backticked names come
+    before the first ``:`` after a backtick (a bullet may wrap onto indented lines)."""
+    bullets: list[list[str]] = []  # [module, bullet text]
+    modules: list[str] = []
+    for line in API.split("\n## Old paths")[0].splitlines():
+        if heading := re.fullmatch(r"### `([\w.]+)`", line):
+            modules.append(heading.group(1))
+        elif line.startswith("- ") and modules:
+            bullets.append([modules[-1], line[2:]])
+        elif line.startswith("  ") and bullets:
+            bullets[-1][1] += " " + line.strip()
+    found: dict[str, list[str]] = {m: [] for m in modules}
+    for module, text in bullets:
+        found[module] += _names(text)
+    return found
+
+
+def _names(bullet: str) -> list[str]:
+    head = bullet.split("`:", 1)[0] + "`"
+    return [item.split("(")[0] for item in re.findall(r"`([^`]+)`", head)]
+
+
+def _old_paths() -> list[tuple[str, str]]:
+    return re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \| [\d.]+ \|$", API, re.M)
+
+
+def test_the_page_lists_the_adapters_config_launchers_and_core_names():
+    documented = _documented()
+    assert {"hvdsync", "hvdsync.config", "hvdsync.torch", "hvdsync.tensorflow", "hvdsync.launch",
+            "hvdsync.core.train.sharding", "hvdsync.core.train.scaling"} <= set(documented)
+    assert "ShardPlan" in documented["hvdsync.core.train.sharding"]
+    assert "loss_scale" in documented["hvdsync.core.train.scaling"]
+    assert "distributed_optimizer" in documented["hvdsync.tensorflow"]
+    assert sum(map(len, documented.values())) >= 100
+    assert all(documented.values()), [m for m, names in documented.items() if not names]
+
+
+def test_every_documented_name_imports_from_its_documented_path():
+    missing = [f"{module}.{name}" for module, names in _documented().items()
+               for name in names if not hasattr(importlib.import_module(module), name)]
+    assert missing == []
+
+
+def test_the_adapters_document_the_same_names_except_their_backend_classes():
+    documented = _documented()
+    torch_only = set(documented["hvdsync.torch"]) - set(documented["hvdsync.tensorflow"])
+    assert torch_only == {"TorchBackend", "LoaderSteps"}
+
+
+def _imports_from_hvdsync(source: str) -> list[tuple[str, str]]:
+    pairs = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hvdsync":
+            pairs += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            pairs += [(a.name, "") for a in node.names if a.name.split(".")[0] == "hvdsync"]
+    return pairs
+
+
+def _readme_code() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return "\n".join(blocks)
+
+
+def test_readme_and_examples_import_only_documented_paths():
+    documented = _documented()
+    sources = {"README.md": _readme_code()}
+    sources |= {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted((ROOT / "examples").rglob("*.py"))}
+    outside = []
+    for where, source in sources.items():
+        for module, name in _imports_from_hvdsync(source):
+            # `from hvdsync import launch` names a documented module; `from hvdsync.torch import fit` a name.
+            ok = (f"{module}.{name}" in documented or name in documented.get(module, ())) if name else module in documented
+            if not ok:
+                outside.append(f"{where}: {module} {name}".strip())
+    assert len(sources) > 5 and outside == []
+
+
+@pytest.mark.parametrize(("old", "new"), _old_paths())
+def test_an_old_path_imports_for_one_release_and_warns_with_the_new_home(old, new):
+    name = {"hvdsync.core.sharding": "ShardPlan", "hvdsync.core.scaling": "loss_scale"}[old]
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning) as caught:
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(new), name)
+    message = str(caught[0].message)
+    assert f"import {name} from {new}" in message and old in message and "0.3.0" in message
+    # The warning names the line that took the name (here this file), so Python's default filter shows it to users.
+    assert caught[0].filename == __file__
+
+
+def test_the_two_old_paths_users_scripts_import_are_the_table():
+    assert _old_paths() == [("hvdsync.core.sharding", "hvdsync.core.train.sharding"),
+                            ("hvdsync.core.scaling", "hvdsync.core.train.scaling")]
+
+
+def test_an_old_path_does_not_warn_for_python_s_own_look_ups():
+    module = importlib.import_module("hvdsync.core.sharding")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hasattr(module, "__wrapped__")
+        with pytest.raises(AttributeError, match="hvdsync.core.sharding"):
+            module.__wrapped__  # noqa: B018
+
+
+def test_the_version_is_the_same_in_the_package_the_project_and_the_change_log():
+    import hvdsync
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    newest = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
+    assert hvdsync.__version__ == version == newest == "0.2.0"
+
+
+def test_the_change_log_has_every_version_newest_first_breaking_moves_first():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## (\S+)", text, re.M)
+    assert versions == ["0.2.0", "0.1.0"]
+    newest = text.split("\n## 0.1.0")[0]
+    sections = re.findall(r"^### (.+)", newest, re.M)
+    assert sections[0].startswith("Breaking")
+    for old, new in _old_paths():
+        assert f"`{old}`" in newest and f"`{new}`" in newest
