@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 02 · 二、数据分片与随机种子 — Data sharding and random seeds
+# # 02 · 二、夯实数据预处理与加载的同步基础 — Laying a synchronised foundation for data preprocessing and loading
 #
 # > **The guide's section covers:**
 # > * shard the data so that every worker reads a different part of each epoch and the parts cover it

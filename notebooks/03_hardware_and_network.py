@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 03 · 三、硬件与网络 — Hardware and network
+# # 03 · 三、选择与配置同步训练的核心硬件架构 — Choosing and configuring the core hardware architecture for synchronous training
 #
 # > **The guide's section covers:**
 # > * what bounds a synchronous step: the compute, the collective, and under the collective the links' bandwidth

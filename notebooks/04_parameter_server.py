@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · 四、参数服务器 — Parameter server
+# # 04 · 四、掌握参数服务器的经典同步范式 — Mastering the classic synchronous paradigm of the parameter server
 #
 # > **The guide's section covers:**
 # > * the architecture: servers hold the parameters (and the optimizer state); workers push gradients and pull

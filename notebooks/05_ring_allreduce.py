@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · 五、环形全归约（Ring All-Reduce） — Ring all-reduce
+# # 05 · 五、精通基于集合通信的环同步算法 — Mastering the ring synchronisation algorithm built on collective communication
 #
 # > **The guide's section covers:**
 # > * the ring: n workers in a cycle, each talking only to its neighbour; a reduce-scatter then an all-gather,

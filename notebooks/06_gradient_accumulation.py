@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · 六、梯度累积 — Gradient accumulation
+# # 06 · 六、实施梯度累加以模拟更大批次训练 — Applying gradient accumulation to simulate training with larger batches
 #
 # > **The guide's section covers:**
 # > * accumulate the gradients of k micro-batches, then synchronise and step once: the large batch's step with

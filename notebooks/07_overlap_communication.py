@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · 七、通信与计算重叠 — Overlapping communication with computation
+# # 07 · 七、优化通信与计算的重叠执行 — Optimising the overlapped execution of communication and computation
 #
 # > **The guide's section covers:**
 # > * start each gradient's all-reduce as soon as backward has produced it, so that communication runs while the

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · 八、动态批次大小与自适应同步 — Dynamic batch size and adaptive synchronisation
+# # 08 · 八、配置动态批次大小与自适应同步策略 — Configuring dynamic batch sizes and adaptive synchronisation strategies
 #
 # **The guide's section covers:**
 # * a synchronous step waits for the slowest worker: stragglers set the pace of all;

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 09 · 九、混合精度 — Mixed precision
+# # 09 · 九、利用混合精度训练加速同步过程 — Using mixed-precision training to speed up synchronisation
 #
 # **The guide's section covers:**
 # * computing in 16-bit floats (FP16 or BF16) while the master weights and the update stay in FP32;

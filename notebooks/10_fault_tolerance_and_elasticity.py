@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · 十、容错与弹性训练 — Fault tolerance and elasticity
+# # 10 · 十、部署容错与弹性训练机制 — Deploying fault-tolerant and elastic training mechanisms
 #
 # **The guide's section covers:**
 # * one failed worker stalls a synchronous job: every all-reduce waits for every rank;

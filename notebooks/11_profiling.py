@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · 十一、性能分析 — Profiling
+# # 11 · 十一、进行细致的性能剖析与瓶颈诊断 — Profiling performance in detail and diagnosing bottlenecks
 #
 # **The guide's section covers:**
 # * profile before tuning: find the bottleneck (data loading, compute, communication, the update);

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 12 · 十二、遵循主流框架的最佳实践与配置 — Framework best practices and configuration (1/2)
+# # 12 · 十二、遵循主流框架的最佳实践与配置 — Following the mainstream frameworks' best practices and configuration (1/2)
 #
 # > **The guide's section covers:**
 # > * follow each framework's own recipe for distributed training instead of inventing one: Horovod's

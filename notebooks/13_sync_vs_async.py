@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 13 · 十三、同步训练与异步训练 — Synchronous vs asynchronous training
+# # 13 · 十三、在特定场景下权衡同步与异步更新的取舍 — Weighing synchronous against asynchronous updates in particular scenarios
 #
 # **The guide's section covers:**
 # * synchronous training: every step waits for all workers; consistent models, paced by the slowest;

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 14 · 十四、监控 — Monitoring
+# # 14 · 十四、监控训练过程以确保同步有效性 — Monitoring the training process to make sure synchronisation is effective
 #
 # **The guide's section covers:**
 # * watch every rank, not only rank 0: per-rank loss curves, step times and gradient norms;

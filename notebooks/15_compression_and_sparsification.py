@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 15 · 十五、梯度压缩与稀疏化 — Gradient compression and sparsification
+# # 15 · 十五、探索前沿的同步压缩与稀疏化技术 — Exploring frontier compression and sparsification techniques for synchronisation
 #
 # > **The guide's section covers:**
 # > * why compress: when the network bounds a step, sending fewer bytes per step is the lever;

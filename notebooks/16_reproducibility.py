@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 16 · 十六、可复现性 — Reproducibility
+# # 16 · 十六、构建可复现的同步训练实验环境 — Building a reproducible experimental environment for synchronous training
 #
 # > **The guide's section covers:**
 # > * fix every random seed (framework, numpy, Python, data order, augmentation) and derive the per-rank ones

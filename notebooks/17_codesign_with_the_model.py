@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 17 · 十七、与模型架构的协同设计 — Co-design with the model architecture
+# # 17 · 十七、将同步策略与模型架构设计协同考量 — Considering the synchronisation strategy together with the model's architecture
 #
 # > **The guide's section covers:**
 # > * design the model with synchronisation in mind: layers that couple samples (batch normalisation) couple the

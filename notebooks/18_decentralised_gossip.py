@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 18 · 十八、最新进展：去中心化与 Gossip 平均 — Recent progress: decentralised and gossip averaging
+# # 18 · 十八、持续跟进同步技术的最新进展 — Keeping up with the latest advances in synchronisation techniques
 #
 # > **The guide's section covers:**
 # > * decentralised training: ranks average with neighbours on a graph (gossip, D-PSGD) instead of a global

@@ -27,28 +27,36 @@ NOTEBOOKS = ROOT / "notebooks"
 NAME = re.compile(r"^(\d\d)([a-z])?_[a-z0-9_]+$")
 EXECUTED = executed.EXECUTED  # the executed copies make docs renders
 
-# The guide section each notebook follows: its title as the guide writes it in Chinese, and in English.
-GUIDE_TITLES = {
-    "01": ("一、理解同步训练的根本目标与挑战",
-           "Understanding the fundamental goals and challenges of synchronous training"),
-    "02": ("二、数据分片与随机种子", "Data sharding and random seeds"),
-    "03": ("三、硬件与网络", "Hardware and network"),
-    "04": ("四、参数服务器", "Parameter server"),
-    "05": ("五、环形全归约（Ring All-Reduce）", "Ring all-reduce"),
-    "06": ("六、梯度累积", "Gradient accumulation"),
-    "07": ("七、通信与计算重叠", "Overlapping communication with computation"),
-    "08": ("八、动态批次大小与自适应同步", "Dynamic batch size and adaptive synchronisation"),
-    "09": ("九、混合精度", "Mixed precision"),
-    "10": ("十、容错与弹性训练", "Fault tolerance and elasticity"),
-    "11": ("十一、性能分析", "Profiling"),
-    "12": ("十二、遵循主流框架的最佳实践与配置", "Framework best practices and configuration"),
-    "13": ("十三、同步训练与异步训练", "Synchronous vs asynchronous training"),
-    "14": ("十四、监控", "Monitoring"),
-    "15": ("十五、梯度压缩与稀疏化", "Gradient compression and sparsification"),
-    "16": ("十六、可复现性", "Reproducibility"),
-    "17": ("十七、与模型架构的协同设计", "Co-design with the model architecture"),
-    "18": ("十八、最新进展：去中心化与 Gossip 平均", "Recent progress: decentralised and gossip averaging"),
-}
+# The guide's section headings, verbatim, with their English translations: a copy of the guide's list kept beside the
+# notebooks (the guide itself is not in the repository).
+HEADINGS_FILE = NOTEBOOKS / "guide_headings.txt"
+CHINESE_NUMERALS = "一二三四五六七八九十"
+
+
+def read_headings(path: Path = HEADINGS_FILE) -> dict[str, tuple[str, str]]:
+    """{"NN": (the heading as the guide writes it, its English translation)} from the tab-separated headings file."""
+    headings = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            number, chinese, english = line.split("\t")
+            headings[number] = (chinese, english)
+    return headings
+
+
+def chinese_number(n: int) -> str:
+    """1 -> 一, 10 -> 十, 12 -> 十二, 18 -> 十八: how the guide numbers its sections (1-19)."""
+    return CHINESE_NUMERALS[n - 1] if n <= 10 else "十" + CHINESE_NUMERALS[n - 11]
+
+
+def expected_title(stem: str, headings: dict[str, tuple[str, str]], parts: int = 1) -> str:
+    """The first line a notebook's title cell must have: its section's heading exactly, a part label if split."""
+    number = _number(stem)
+    chinese, english = headings[number]
+    title = f"# {number} · {chinese} — {english}"
+    if parts > 1:
+        title += f" ({ord(_part(stem)) - ord('a') + 1}/{parts})"
+    return title
+
 
 # Wall-clock limit per notebook, in seconds (also nbclient's per-cell limit). Each notebook targets < 90 s on a quiet
 # 2-core machine; the limits leave room for other jobs sharing the cores (timings were 35-100 s under load 4-8).
@@ -166,16 +174,34 @@ def test_committed_without_outputs_and_paired_for_jupytext(stem):
     assert nb.metadata["kernelspec"]["name"] == "python3"
 
 
+def test_the_headings_file_lists_the_guides_18_sections_in_order():
+    headings = read_headings()
+    assert list(headings) == [f"{n:02d}" for n in range(1, 19)]
+    for number, (chinese, english) in headings.items():
+        # The guide numbers its sections 一、... 十八、; a heading without its numeral was typed by hand, not copied.
+        assert chinese.startswith(chinese_number(int(number)) + "、"), chinese
+        assert english and english.isascii(), english
+    assert {_number(s) for s in STEMS} == set(headings), "one notebook (or one set of parts) per guide section"
+
+
+def test_the_title_check_wants_the_heading_exactly_and_a_part_label_only_for_parts():
+    headings = {"05": ("五、精通基于集合通信的环同步算法", "Ring"), "12": ("十二、遵循主流框架的最佳实践与配置", "Practices")}
+    assert expected_title("05_ring", headings) == "# 05 · 五、精通基于集合通信的环同步算法 — Ring"
+    assert expected_title("12b_mistakes", headings, parts=2) == "# 12 · 十二、遵循主流框架的最佳实践与配置 — Practices (2/2)"
+    assert chinese_number(1) == "一" and chinese_number(10) == "十" and chinese_number(17) == "十七"
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_notebook_follows_its_guide_section(stem):
     nb = _read_ipynb(stem)
     number = _number(stem)
-    assert number in GUIDE_TITLES, f"{stem}: add its guide section title to GUIDE_TITLES"
-    chinese, english = GUIDE_TITLES[number]
+    headings = read_headings()
+    assert number in headings, f"{stem}: section {number} is not among the guide's headings in {HEADINGS_FILE.name}"
+    parts = sum(1 for s in STEMS if _number(s) == number)
     title = nb.cells[0]
     assert title.cell_type == "markdown"
     first_line = title.source.splitlines()[0]
-    assert first_line.startswith(f"# {number} ") and chinese in first_line and english in first_line, first_line
+    assert first_line == expected_title(stem, headings, parts), f"{stem}: the title must be the guide's heading"
     assert len(title.source) > 500, "the title cell explains the idea"
     last = nb.cells[-1]
     assert last.cell_type == "markdown" and last.source.startswith("## What to take away")
