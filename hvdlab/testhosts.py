@@ -255,8 +255,12 @@ class TestHosts:
             _run(["ip", "-n", h.namespace, "link", "set", "lo", "up"])
             # A process that only holds this host's UTS namespace, with its host name set: everything run on the
             # host (sshd, and through it Horovod's workers) joins it.
-            holder = subprocess.Popen(["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c",
-                                       f"hostname {h.name} && exec sleep infinity"], start_new_session=True)
+            # Like every process that outlives `up`, it holds none of the caller's stdio: an inherited stdout would
+            # keep `python -m hvdlab.testhosts up | tail` waiting for an end of file that never comes.
+            with open(self.dir / f"holder-{h.name}.log", "ab") as log:
+                holder = subprocess.Popen(["ip", "netns", "exec", h.namespace, "unshare", "--uts", "sh", "-c",
+                                           f"hostname {h.name} && exec sleep infinity"], start_new_session=True,
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             self.holders[h.name] = holder.pid
             _wait_for(lambda pid=holder.pid, name=h.name: _uts_name(pid) == name, f"host name of {h.name}")
             self._start_sshd(h)
@@ -272,7 +276,8 @@ class TestHosts:
         command = [SSHD, "-D", "-f", "/dev/null", *(a for k, v in options.items() for a in ("-o", f"{k}={v}"))]
         log = open(self.dir / f"sshd-{h.name}.log", "ab")
         cpus = self.cpus[self.hosts.index(h)] if self.cpus else None
-        proc = subprocess.Popen(self.argv(h.name, command), stdout=log, stderr=log, start_new_session=True,
+        proc = subprocess.Popen(self.argv(h.name, command), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         log.close()
         self.sshd[h.name] = proc.pid
