@@ -33,6 +33,7 @@ import hashlib
 import hmac
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -381,8 +382,13 @@ def _names_match(field: str, keys: set[str]) -> bool:
     return bool(set(field.split(",")) & keys)
 
 
+def _known_hosts() -> Path:
+    # ssh's own ~: the password database's home, not $HOME (which a test suite may point elsewhere).
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
+
+
 def _known_hosts_lines() -> list[str]:
-    path = Path.home() / ".ssh" / "known_hosts"
+    path = _known_hosts()
     return path.read_text().splitlines(keepends=True) if path.exists() else []
 
 
@@ -390,7 +396,7 @@ def _forget_known_hosts(names: set[str], port: int, keep: set[str]) -> None:
     """Remove the lines ssh added to ``~/.ssh/known_hosts`` for the test hosts while they were up (Horovod's ssh
     runs with ``StrictHostKeyChecking=no``, which records every new host). Lines that were there before, such as a
     real host that happens to be called ``node1``, stay."""
-    path = Path.home() / ".ssh" / "known_hosts"
+    path = _known_hosts()
     lines = _known_hosts_lines()
     keys = names | {f"[{n}]:{port}" for n in names}
     kept = [line for line in lines if line in keep or not _names_match(line.split(" ", 1)[0], keys)]
