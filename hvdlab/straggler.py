@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from hvdsync.core.telemetry.profiling import PhaseSpan, PhaseTimer
-from hvdsync.core.train.loop import Callback
+from hvdsync.core.train.callbacks import Callback
 
 
 class SlowRank(PhaseTimer, Callback):

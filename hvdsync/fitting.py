@@ -9,7 +9,8 @@ from hvdsync.config import Config
 from hvdsync.core.comm.codecs import codec_state_of
 from hvdsync.core.elastic.loop import ElasticResult, elastic_fit
 from hvdsync.core.train.data import Dataset
-from hvdsync.core.train.loop import Callback, FitResult, fit_loop
+from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.train.loop import FitResult, fit_loop
 from hvdsync.datasets import load
 
 

@@ -122,7 +122,7 @@ def timed_steps(step, batches: list, warmup: int) -> list[float]:
 
 
 def step_clock(warmup: int, times: list, params: list):
-    """A :class:`hvdsync.core.train.loop.Callback` for ``fit``: the seconds of each step after ``warmup`` into
+    """A :class:`hvdsync.core.train.callbacks.Callback` for ``fit``: the seconds of each step after ``warmup`` into
     ``times``, the final parameters into ``params``. It runs after hvdsync's own per-step observer, so the figure
     includes what ``fit`` adds to a step."""
     from hvdsync.core.train.loop import Callback

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdsync.core.telemetry import placement, profiling, record, sysmetrics
-from hvdsync.core.train.loop import Callback
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.monitor import Alarms, fingerprint
 from hvdsync.core.telemetry.profiling import PHASES
 from hvdsync.core.comm.schemes import MODES

@@ -1,8 +1,8 @@
 """The shared loop's adaptive parts: straggler-aware shares and the learning rate of a growing batch.
 
-Both are :class:`~hvdsync.core.train.loop.Callback` objects that :func:`~hvdsync.core.train.loop.fit_loop` adds when the config
-asks (``data.shares: adaptive``, ``data.batch_growth``), so they work for every model, loss and step source of
-either framework. The maths is in :mod:`hvdsync.core.train.shares` and :func:`hvdsync.core.train.scaling.grown_lr`.
+Both are :class:`~hvdsync.core.train.callbacks.Callback` objects that :func:`~hvdsync.core.train.loop.fit_loop` adds
+when the config asks (``data.shares: adaptive``, ``data.batch_growth``), so they work for every model, loss and step
+source of either framework. The maths is in :mod:`hvdsync.core.train.shares` and :func:`hvdsync.core.train.scaling.grown_lr`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import deque
 
 import numpy as np
 
-from hvdsync.core.train.loop import Callback
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.profiling import PHASES
 from hvdsync.core.train.scaling import grown_lr
 from hvdsync.core.train.shares import balanced_shares

@@ -19,6 +19,7 @@ import numpy as np
 
 from hvdsync.core.telemetry import monitor
 from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.train.callbacks import Callback, _Callbacks
 from hvdsync.core.train.data import Dataset
 from hvdsync.core.train.loader import PlanLoader
 from hvdsync.core.telemetry.profiling import PhaseTimer
@@ -140,64 +141,6 @@ class TrainContext:
     def plan_state(self) -> PlanState:
         """The resumable position: (epoch, samples consumed), rolled over at the end of an epoch."""
         return PlanState(self.epoch, 0).advanced(self.plan, self.position)
-
-
-class Callback:
-    """Hooks into :func:`fit_loop`. Subclass and override what you need; every hook gets the :class:`TrainContext`.
-
-    Hooks run on every rank, in the order the callbacks were given. A hook that makes a collective call (all-reduce,
-    broadcast) must do so on every rank at the same point, or the ranks wait on each other forever.
-    ``on_evaluate_begin`` / ``on_evaluate_end`` run around each epoch's evaluation (when there is one), inside its
-    timed ``eval_seconds``.
-
-    Example:
-        >>> class PrintLoss(Callback):
-        ...     def on_epoch_end(self, ctx):
-        ...         if ctx.rank == 0: print(ctx.epoch, ctx.metrics["train_loss"])
-    """
-
-    def on_train_begin(self, ctx: TrainContext) -> None: ...
-
-    def on_epoch_begin(self, ctx: TrainContext) -> None: ...
-
-    def on_step_begin(self, ctx: TrainContext) -> None: ...
-
-    def on_step_end(self, ctx: TrainContext) -> None: ...
-
-    def on_evaluate_begin(self, ctx: TrainContext) -> None: ...
-
-    def on_evaluate_end(self, ctx: TrainContext) -> None: ...
-
-    def on_epoch_end(self, ctx: TrainContext) -> None: ...
-
-    def on_train_end(self, ctx: TrainContext) -> None: ...
-
-
-class _Callbacks(Callback):
-    """Calls each hook of every callback in order."""
-
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
-        self.callbacks = list(callbacks)
-
-    def _each(self, hook: str, ctx: TrainContext) -> None:
-        for cb in self.callbacks:
-            getattr(cb, hook)(ctx)
-
-    def on_train_begin(self, ctx): self._each("on_train_begin", ctx)  # noqa: E704
-
-    def on_epoch_begin(self, ctx): self._each("on_epoch_begin", ctx)  # noqa: E704
-
-    def on_step_begin(self, ctx): self._each("on_step_begin", ctx)  # noqa: E704
-
-    def on_step_end(self, ctx): self._each("on_step_end", ctx)  # noqa: E704
-
-    def on_evaluate_begin(self, ctx): self._each("on_evaluate_begin", ctx)  # noqa: E704
-
-    def on_evaluate_end(self, ctx): self._each("on_evaluate_end", ctx)  # noqa: E704
-
-    def on_epoch_end(self, ctx): self._each("on_epoch_end", ctx)  # noqa: E704
-
-    def on_train_end(self, ctx): self._each("on_train_end", ctx)  # noqa: E704
 
 
 class BeforeStep(Callback):

@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 from hvdsync.core.telemetry import monitor
-from hvdsync.core.train.loop import Callback
+from hvdsync.core.train.callbacks import Callback
 
 
 def synchronous(step: int, warmup: int) -> bool:
@@ -52,7 +52,7 @@ def rounds(steps: int, period: int, warmup: int = 0) -> int:
 
 
 class ParameterTrace(Callback):
-    """A :class:`hvdsync.core.train.loop.Callback` that keeps this rank's parameter fingerprint
+    """A :class:`hvdsync.core.train.callbacks.Callback` that keeps this rank's parameter fingerprint
     (:func:`hvdsync.core.telemetry.monitor.fingerprint`) after every optimizer step, to see when ranks agree: compare two
     ranks' ``fingerprints`` step by step (equal right after an averaging, apart in between).
 
