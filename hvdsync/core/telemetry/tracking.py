@@ -153,6 +153,7 @@ class MLflowTracker(Tracker):
         if job:  # every rank 0 of one job spools under its key: `runs push` makes one run of them (spool.replay)
             tags["hvdsync.job"] = job
         self._continuing = bool(run_id or job)
+        self._run_id = run_id  # known now, not once the store answers: an elastic commit records it at once
         self._write("start", uri=self._uri, experiment=self._experiment, run_name=self._run_name, tags=tags,
                     time=_now_ms(), **({"run_id": run_id} if run_id else {}))
         self.log_params(params)
