@@ -46,8 +46,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compression import configs  # noqa: E402 - the same models and codecs as the loopback suite
 
-from hvdlab.bench import link_ddp, link_encode, link_probe, suite  # noqa: E402
-from hvdlab.bench.link_report import ddp_row, rate_bits, scaling_row, summarise, table, versus_ddp  # noqa: E402
+from hvdlab.bench import link_ddp, link_encode, link_fair, link_probe, suite  # noqa: E402
+from hvdlab.bench.link_report import (accuracy_summary, aggregate, ddp_row, rate_bits, scaling_row,  # noqa: E402
+                                      summarise, table, versus_ddp)
 from hvdsync.core.train.seeding import threads_per_worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,12 +60,19 @@ RUNS = ["none", "fp16", "bf16", "int8", "topk:0.01", "powersgd:2", "powersgd:4",
 # steps, so a codec's cost in accuracy could not show; at 0.12 plain SGD reaches ~80 % in those steps.
 SPREAD = 0.12
 SUBNET = "10.77.3"  # not the test suite's 10.77.1: a sweep never collides with a test run
+# The test set: 2,560 samples, where the standard error of an accuracy near 0.8 (sqrt(p (1 - p) / n)) is 0.8 points,
+# below the 1 point a claim is stated in (at the 512 samples of 2,048 x 0.25 it was 1.8); the training set stays
+# 1,536 samples, 24 steps of 2 x 32 an epoch.
+TEST_SET = {"synthetic_samples": 4096, "test_fraction": 0.625}
+MIN_SEEDS = 5          # an accuracy claim rests on at least this many seeds
+BUS_BYTES = 16 << 20   # the all-reduce whose bus bandwidth is set against the link's rate
 
 
 def build(framework: str, runs: list[str], quick: bool, spread: float = SPREAD) -> list:
     """hvdsync configs for the runs that are not DDP's (``local_sgd:H``: sync.mode local_sgd, period H)."""
     codecs = [r for r in runs if not r.startswith(("ddp", "local_sgd"))]
-    out = [c.replace(data={"synthetic_spread": spread}) for c in configs(framework, codecs, quick)]
+    data = {"synthetic_spread": spread} if quick else {"synthetic_spread": spread, **TEST_SET}
+    out = [c.replace(data=data) for c in configs(framework, codecs, quick)]
     base = out[0]
     for r in runs:
         if r.startswith("local_sgd"):
@@ -72,28 +80,53 @@ def build(framework: str, runs: list[str], quick: bool, spread: float = SPREAD) 
     return out
 
 
-def job(argv: list[str]) -> int:
-    """Runs on node1: times the codecs on both workers, then one job of 2 workers trains every config; prints
+def test_samples(cfg) -> int:
+    """The size of ``cfg``'s test set (as :mod:`hvdsync.core.train.data` splits it)."""
+    return max(1, int(round(cfg.data.synthetic_samples * cfg.data.test_fraction)))
+
+
+def _where(spec: dict) -> dict:
+    # One host: Horovod's driver talks to its local workers over loopback, which hv0 is not.
+    one_host = "," not in spec["hosts"]
+    return {"hosts": spec["hosts"], "ssh_identity_file": spec["key"], "network_interfaces": None if one_host else ["hv0"]}
+
+
+def probe(argv: list[str]) -> int:
+    """Runs on node1, before anything is timed: hvdsync's workers started as for training report where they run,
+    time the codecs' encoding and one Horovod call, and all-reduce a BUS_BYTES tensor over the link; prints
     ``RESULT <json>``."""
     from hvdsync import launch
     from hvdsync.config import Config
 
     spec = json.loads(argv[0])
-    # One host: Horovod's driver talks to its local workers over loopback, which hv0 is not.
-    one_host = "," not in spec["hosts"]
-    where = {"hosts": spec["hosts"], "ssh_identity_file": spec["key"], "network_interfaces": None if one_host else ["hv0"]}
+    cfg = Config.from_dict(spec["configs"][0])
+    data, train = cfg.data, cfg.train
+    shapes = link_encode.mlp_shapes(train.framework, data.synthetic_features, train.hidden)
+    by_rank = launch.run(link_fair.probe_workers, args=(cfg.to_dict(), spec["encode"], shapes, spec["bus_bytes"]),
+                         np=train.np, sync=cfg.sync, progress=False, **_where(spec))
+    # The slowest rank sets the step.
+    print("RESULT " + json.dumps({"encode": {c: max(r["encode"][c] for r in by_rank) for c in spec["encode"]},
+                                  "call": max(r["call"] for r in by_rank),
+                                  "bus_s": max(r["bus_s"] for r in by_rank) if spec["bus_bytes"] else None,
+                                  "placement": [r["placement"] for r in by_rank]}), flush=True)
+    return 0
+
+
+def job(argv: list[str]) -> int:
+    """Runs on node1: one job of hvdsync's workers trains every config; prints ``RESULT <json>``: rank 0's results
+    and every worker's placement."""
+    from hvdsync import launch
+    from hvdsync.config import Config
+    from hvdsync.launch.local import preflight
+
+    spec = json.loads(argv[0])
     cfgs = [Config.from_dict(c) for c in spec["configs"]]
-    encode, call = {}, 0.0
-    if spec["encode"]:
-        data, train = cfgs[0].data, cfgs[0].train
-        shapes = link_encode.mlp_shapes(train.framework, data.synthetic_features, train.hidden)
-        by_rank = launch.run(link_encode.on_workers, args=(train.framework, spec["encode"], shapes), np=train.np,
-                             **where)
-        # The slowest rank sets the step.
-        encode = {c: max(r["encode"][c] for r in by_rank) for c in spec["encode"]}
-        call = max(r["call"] for r in by_rank)
-    results = launch.train_many(cfgs, **where)
-    print("RESULT " + json.dumps({"results": results, "encode": encode, "call": call}), flush=True)
+    for cfg in cfgs:
+        preflight(cfg)
+    by_rank = launch.run(link_fair.fit_placed, args=([c.to_dict() for c in cfgs],), np=cfgs[0].train.np,
+                         sync=cfgs[0].sync, progress=False, **_where(spec))
+    print("RESULT " + json.dumps({"results": by_rank[0]["results"], "placement": [r["placement"] for r in by_rank]}),
+          flush=True)
     return 0
 
 
@@ -102,7 +135,7 @@ def ddp(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     os.environ["GLOO_SOCKET_IFNAME"] = "hv0"   # the limited link, not loopback
     out = link_ddp.fit(spec["rank"], 2, spec["master"], spec["port"], spec["hooks"], spec["data"], spec["train"],
-                       threads_per_worker(1))
+                       threads_per_worker(1), seed=spec["seed"], probe=spec["probe"])
     if spec["rank"] == 0:
         print("RESULT " + json.dumps(out), flush=True)
     return 0
@@ -115,8 +148,10 @@ def _result(out: subprocess.CompletedProcess, what: str):
     return json.loads(line[len("RESULT "):])
 
 
-def run_ddp(cluster, hooks: list[str], cfg, env: dict) -> list[dict]:
-    spec = {"master": cluster.host("node1").address, "port": 29612, "hooks": hooks,
+def run_ddp(cluster, hooks: list[str], cfg, env: dict, seed: int = 0, probe: bool = False) -> dict:
+    """DDP's 2 ranks, one per test host, each started on its host (pinned to its cores as anything run there);
+    returns rank 0's ``{"runs": [...], "placement": [...]}``."""
+    spec = {"master": cluster.host("node1").address, "port": 29612, "hooks": hooks, "seed": seed, "probe": probe,
             "data": cfg.to_dict()["data"], "train": cfg.to_dict()["train"]}
     peer = cluster.popen("node2", [sys.executable, __file__, "ddp", json.dumps({**spec, "rank": 1})], cwd=ROOT,
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -127,12 +162,69 @@ def run_ddp(cluster, hooks: list[str], cfg, env: dict) -> list[dict]:
     return _result(out, "DDP rank 0")
 
 
+def host_cpus(cluster) -> dict[str, list[int]]:
+    """Each test host's cores (the cluster is made with ``split_cpus``)."""
+    return {h.name: sorted(c) for h, c in zip(cluster.hosts, cluster.cpus)}
+
+
+def sweep_point(cluster, k: int, rate: str, bps: float, framework: str, runs: list[str], args, env: dict,
+                out: dict) -> None:
+    """One rate and framework: the placement of every contender checked, then the contenders timed A B A B ...,
+    ``args.repeats`` times, each repeat on its own seed (the same on both sides)."""
+    hv = [r for r in runs if not r.startswith("ddp")]
+    hooks = [r for r in runs if r.startswith("ddp")] if framework == "torch" else []
+    cfgs = build(framework, hv, args.quick, args.spread)
+    where = {"hosts": "node1:1,node2:1", "key": str(cluster.key)}
+    # The encoding is timed again at every rate: the machine's load, not the rate, moves it.
+    bus = BUS_BYTES if rate not in out["allreduce_bus_fraction"] else 0
+    pre = _result(cluster.run("node1", [sys.executable, __file__, "probe", json.dumps(
+        {**where, "configs": [cfgs[0].to_dict()], "bus_bytes": bus,
+         "encode": [c for c in hv if not c.startswith("local_sgd")]})], cwd=ROOT, env=env),
+        f"the probe at {rate} ({framework})")
+    name = f"hvdsync-{framework}"
+    contenders = {name: pre["placement"]}
+    if hooks:
+        contenders["ddp"] = run_ddp(cluster, hooks, cfgs[0], env, probe=True)["placement"]
+    cpus = host_cpus(cluster)
+    threads = link_fair.expected_threads(cpus, 1)
+    link_fair.check_placement(cpus, threads, contenders)   # refused before anything is timed
+    if bus:
+        out["allreduce_bus_fraction"][rate] = link_fair.bus_fraction(bus, 2, pre["bus_s"], bps)
+        out["allreduce_bus"][rate] = {"bytes": bus, "seconds": pre["bus_s"], "framework": framework,
+                                      "link_MBps": bps / 1e6}
+    encode, call = pre["encode"], pre["call"]
+    out.setdefault("call_ms", {})[f"{rate} {framework}"] = 1e3 * call
+    timed: dict[str, list[dict]] = {c: [] for c in contenders}
+    n_test = test_samples(cfgs[0])
+    for repeat, who in link_fair.schedule(list(contenders), args.repeats):
+        seed = link_fair.seed_for(k, repeat, args.repeats)
+        out["order"].append(f"{rate} {who} {repeat}")
+        if who == "ddp":
+            got = run_ddp(cluster, hooks, cfgs[0].replace(train={"seed": seed}), env, seed=seed)
+            rows = [ddp_row(r, rate) for r in got["runs"]]
+        else:
+            spec = {**where, "configs": [c.replace(train={"seed": seed}).to_dict() for c in cfgs]}
+            got = _result(cluster.run("node1", [sys.executable, __file__, "job", json.dumps(spec)], cwd=ROOT,
+                                      env=env), f"the job at {rate} ({framework})")
+            rows = [summarise(r, rate, bps, encode.get(r["config"]["sync"]["compression"], 0.0)
+                              if r["config"]["sync"]["mode"] == "allreduce" else 0.0, call_s=call)
+                    for r in got["results"]]
+        for r in rows:
+            r.update(repeat=repeat, seed=seed, test_samples=n_test)
+        out["runs"] += rows
+        timed[who] += got["placement"]
+    link_fair.check_placement(cpus, threads, timed)   # and what the timed workers said
+    out["placement"][f"{rate} {framework}"] = {"host_cpus": cpus, "threads": threads, "workers": timed}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="link.py", description=__doc__.split("\n")[0], epilog=suite.RECORD_HELP)
     p.add_argument("--rates", default=",".join(RATES), help="comma-separated tc rates (100mbit, 1gbit) or none")
     p.add_argument("--frameworks", default="torch,tensorflow", help="comma-separated: torch, tensorflow")
     p.add_argument("--codecs", default=",".join(RUNS),
                    help="comma-separated sync.compression values, local_sgd:<H>, ddp, ddp-fp16, ddp-powersgd:<rank>")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="times each contender is timed at each rate, interleaved with the others (default 3)")
     p.add_argument("--quick", action="store_true", help="the small MLP, 1 epoch, rates 1gbit and none")
     p.add_argument("--scaling", action="store_true", help="instead: 4 workers on 2 hosts vs 2 on 1, codecs none, fp16")
     p.add_argument("--spread", type=float, default=SPREAD,
@@ -153,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             bad.append(r)
     if not args.spread > 0:
         bad.append(f"--spread {args.spread}")
+    if args.repeats < 1:
+        bad.append(f"--repeats {args.repeats}")
     if bad:
         p.error(f"not allowed: {', '.join(bad)}; frameworks: torch, tensorflow; rates: <number>kbit|mbit|gbit or none; "
-                "--spread: a number > 0")
+                "--spread: a number > 0; --repeats: an integer >= 1")
 
     from hvdlab.testhosts import TestHosts, unavailable
 
@@ -166,13 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     start, load = time.perf_counter(), os.getloadavg()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = {"quick": args.quick, "rates": rates, "rows": [], "versus_ddp": [], "scaling": [], "link_MBps": {},
-           "load_average": {"start": load}}
+    out = {"quick": args.quick, "rates": rates, "repeats": args.repeats, "runs": [], "rows": [], "versus_ddp": [],
+           "accuracy": [], "scaling": [], "link_MBps": {}, "allreduce_bus_fraction": {}, "allreduce_bus": {},
+           "placement": {}, "order": [], "load_average": {"start": load},
+           "powersgd_warmup": f"none on either side: hvdsync compresses from its first step; DDP's hook is primed "
+                              f"with {link_ddp.PRIMING} passes without an optimizer step (start_powerSGD_iter "
+                              f"{link_ddp.START_POWERSGD_ITER}), so its first training step is compressed too"}
     notes: set[str] = set()
     # split_cpus: the 2 hosts are namespaces of one machine; each gets its own half of the cores, as 2 machines would
-    # have their own (sharing them, each worker sized its threads to the whole machine and the 2 fought over them).
+    # have their own; everything run on a host (over ssh or not) is pinned to them (hvdlab.testhosts).
     with TestHosts(2, prefix=f"hvdlink{os.getpid()}", subnet=SUBNET, split_cpus=True) as cluster:
-        for rate in rates:
+        for k, rate in enumerate(rates):
             cluster.set_rate(None if rate == "none" else rate)
             bps = link_probe.bytes_per_second(cluster, rate_bits(rate), ROOT)
             out["link_MBps"][rate] = bps / 1e6
@@ -180,50 +278,63 @@ def main(argv: list[str] | None = None) -> int:
                 if args.scaling:
                     out["scaling"] += scaling(cluster, framework, rate, bps, env, args.quick)
                     continue
-                hv = [r for r in runs if not r.startswith("ddp")]
-                cfgs = build(framework, hv, args.quick, args.spread)
-                # The encoding is timed again at every rate: the machine's load, not the rate, moves it.
-                spec = {"configs": [c.to_dict() for c in cfgs], "hosts": "node1:1,node2:1", "key": str(cluster.key),
-                        "encode": [c for c in hv if not c.startswith("local_sgd")]}
-                got = _result(cluster.run("node1", [sys.executable, __file__, "job", json.dumps(spec)], cwd=ROOT,
-                                          env=env), f"the job at {rate} ({framework})")
-                encode, call = got["encode"], got["call"]
-                out["rows"] += [summarise(r, rate, bps, encode.get(r["config"]["sync"]["compression"], 0.0)
-                                          if r["config"]["sync"]["mode"] == "allreduce" else 0.0, call_s=call)
-                                for r in got["results"]]
-                out.setdefault("call_ms", {})[f"{rate} {framework}"] = 1e3 * call
-                hooks = [r for r in runs if r.startswith("ddp")]
-                if hooks and framework == "torch":
-                    out["rows"] += [ddp_row(r, rate) for r in run_ddp(cluster, hooks, cfgs[0], env)]
-                elif hooks:
-                    notes.add(f"{', '.join(hooks)}: PyTorch DDP's communication hooks; {framework} has no such runs")
+                sweep_point(cluster, k, rate, bps, framework, runs, args, env, out)
+                if framework != "torch" and any(r.startswith("ddp") for r in runs):
+                    notes.add(f"{', '.join(r for r in runs if r.startswith('ddp'))}: PyTorch DDP's communication "
+                              f"hooks; {framework} has no such runs")
                 print(f"{rate} {framework}: done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     out["load_average"]["end"] = os.getloadavg()
+    report(out, load, start, notes)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def report(out: dict, load, start: float, notes: set[str]) -> None:
+    """Print what the sweep measured; fills ``out``'s ``rows``, ``versus_ddp`` and ``accuracy`` from its runs."""
     print("link rate measured by one TCP stream: " + ", ".join(f"{r} {v:,.0f} MB/s" for r, v in out["link_MBps"].items())
           + f"; load average (1, 5, 15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
           + " ".join(f"{x:.2f}" for x in out["load_average"]["end"]) + " (the machine is shared: read ratios)")
+    for key, p in out["placement"].items():
+        print(f"{key}: every worker of " + ", ".join(p["workers"]) + " ran on its host's cores ("
+              + "; ".join(f"{h} {','.join(map(str, c))}" for h, c in p["host_cpus"].items())
+              + f") with {p['threads']} intra-op thread(s), read inside each worker")
+    for rate, f in out["allreduce_bus_fraction"].items():
+        b = out["allreduce_bus"][rate]
+        print(f"{rate:<8} all-reduce of {b['bytes'] / 2**20:.0f} MiB over the link ({b['framework']}): "
+              f"{1e3 * b['seconds']:.1f} ms, bus bandwidth {f:.2f} of the link's TCP rate (target >= 0.9)")
     if out.get("call_ms"):
         print("one Horovod call (a grouped all-reduce of 2 x 4 bytes) over the link, median: "
               + ", ".join(f"{k} {v:.2f} ms" for k, v in out["call_ms"].items()))
-    if out["rows"]:
+    if out["runs"]:
+        out["rows"] = aggregate(out["runs"])
         first = out["rows"][0]
         print(f"wide MLP: {first['numel']:,} parameters ({4 * first['numel'] / 1e6:.1f} MB of float32 gradient per "
               f"step), {first['steps']} steps per run, 2 workers on 2 hosts (1 each), Gloo over a tbf-limited veth "
-              f"link; {time.perf_counter() - start:.0f} s in all")
+              f"link; each figure the median of {out['repeats']} repeats, contenders interleaved; "
+              f"{time.perf_counter() - start:.0f} s in all")
+        print(f"PowerSGD warm-up: {out['powersgd_warmup']}")
         print(table(out["rows"]))
-        out["versus_ddp"] = versus_ddp(out["rows"])
+        out["versus_ddp"] = versus_ddp(out["runs"])
         for v in out["versus_ddp"]:
             print(f"{v['rate']:<8} hvdsync {v['hvdsync']:<11} / {v['ddp']:<15} step time {v['ratio']:.2f}x "
-                  f"(target <= 1.0), accuracy {v['accuracy_delta']:+.4f}")
+                  f"[{v['spread'][0]:.2f}, {v['spread'][1]:.2f}] over {v['repeats']} repeats (target <= 1.0), "
+                  f"accuracy {v['accuracy_delta']:+.4f}")
+        out["accuracy"] = accuracy_summary(out["runs"])
+        for a in out["accuracy"]:
+            sd = "-" if a["sd"] is None else f"{a['sd']:.4f}"
+            delta = "" if a["delta_vs_none"] is None or a["run"] == "none" else \
+                f", vs none {a['delta_vs_none']:+.4f}" + ("" if a["delta_sd"] is None else f" (sd {a['delta_sd']:.4f})")
+            claim = "" if a["seeds"] >= MIN_SEEDS else f"; {a['seeds']} seeds: fewer than {MIN_SEEDS}, not a claim"
+            print(f"accuracy {a['framework']:<10} {a['run']:<15} {a['mean']:.4f} sd {sd} over {a['seeds']} seeds on "
+                  f"{a['test_samples']} test samples (standard error of one run {a['standard_error']:.4f})"
+                  f"{delta}{claim}")
     for note in sorted(notes):
         print(note)
     for s in out["scaling"]:
         print(f"{s['rate']:<8} {s['framework']:<10} {s['compression']:<6} 2 on 1 host {s['step2_ms']:.1f} ms, 4 on 2 "
               f"hosts {s['step4_ms']:.1f} ms: efficiency {s['efficiency']:.2f} (cost model's bound {s['bound']:.2f}, "
               f"predicted 4-worker step {s['predicted4_ms']:.1f} ms)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    return 0
 
 
 def scaling(cluster, framework: str, rate: str, bps: float, env: dict, quick: bool) -> list[dict]:
@@ -240,6 +351,7 @@ def scaling(cluster, framework: str, rate: str, bps: float, env: dict, quick: bo
 
 SUITE_PARTS = {"sweep": suite.Part(main, "every codec, local SGD and DDP's hooks at every link rate between 2 test "
                                          "hosts: step time, bytes over the link, the cost model's prediction"),
+               "probe": suite.Part(probe, "(internal) placement, encoding and the bus all-reduce, before timing"),
                "job": suite.Part(job, "(internal) the job one sweep point runs on node1"),
                "ddp": suite.Part(ddp, "(internal) one rank of the DDP runs")}
 

@@ -163,10 +163,18 @@ class TestHosts:
         """Run ``command`` on host ``name`` and wait (``subprocess.run``'s keywords; text output by default)."""
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
-        return subprocess.run(self.argv(name, command), **kw)
+        return subprocess.run(self.argv(name, command), **self._pinned(name, kw))
 
     def popen(self, name: str, command: list[str], **kw) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(name, command), **kw)
+        return subprocess.Popen(self.argv(name, command), **self._pinned(name, kw))
+
+    def _pinned(self, name: str, kw: dict) -> dict:
+        # With split_cpus, a command run here directly (not over ssh) runs on the host's cores too: a job's launcher
+        # on node1 starts its local worker without ssh, and that worker would otherwise run on every core.
+        cpus = self.cpus[self.hosts.index(self.host(name))] if self.cpus else None
+        if cpus and "preexec_fn" not in kw:
+            kw["preexec_fn"] = lambda: os.sched_setaffinity(0, cpus)
+        return kw
 
     def link_bytes(self, name: str) -> dict[str, int]:
         """Bytes and packets host ``name`` sent and received on hv0 since it was made (the link's own counters)."""

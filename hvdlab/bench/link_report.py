@@ -88,17 +88,25 @@ def _f(value, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 
 
+def _range(spread) -> str:
+    return f"{spread[0]:.1f}-{spread[1]:.1f}" if spread else "-"
+
+
 def table(rows: list[dict]) -> str:
-    """The sweep's table; ``x none`` is the ratio to hvdsync's ``none`` at the same rate and framework."""
+    """The sweep's table (rows of :func:`aggregate`: medians of the repeats, ``min-max`` the step's range);
+    ``x none`` is the ratio to hvdsync's ``none`` at the same rate and framework; ``accuracy`` the mean over the
+    row's seeds."""
     lines = [f"{'rate':<8} {'framework':<10} {'run':<15} {'link B/step':>12} {'link/wire':>9} {'step ms':>8} "
-             f"{'x none':>7} {'sync %':>7} {'encode ms':>9} {'in situ':>7} {'model ms':>9} {'pred/meas':>9} {'accuracy':>9}"]
+             f"{'min-max':>13} {'x none':>7} {'sync %':>7} {'encode ms':>9} {'in situ':>7} {'model ms':>9} "
+             f"{'pred/meas':>9} {'accuracy':>9}"]
     for r in rows:
         base = next((b for b in rows if b["compression"] == "none" and b["rate"] == r["rate"]
                      and b["framework"] == r["framework"]), None)
         r["time_ratio"] = r["step_ms"] / base["step_ms"] if base else None
         r["pred_over_meas"] = r["predicted_ms"] / r["step_ms"] if r["predicted_ms"] else None
         lines.append(f"{r['rate']:<8} {r['framework']:<10} {r['compression']:<15} {r['link_bytes_per_step']:>12,.0f} "
-                     f"{_f(r['link_over_wire'], '.3f', 9)} {r['step_ms']:>8.1f} {_f(r['time_ratio'], '.2f', 7)} "
+                     f"{_f(r['link_over_wire'], '.3f', 9)} {r['step_ms']:>8.1f} {_range(r.get('step_spread')):>13} "
+                     f"{_f(r['time_ratio'], '.2f', 7)} "
                      f"{_f(r['sync_share'] and 100 * r['sync_share'], '.1f', 7)} {_f(r['encode_ms'], '.1f', 9)} "
                      f"{_f(r.get('in_situ_ms'), '.1f', 7)} {_f(r['predicted_ms'], '.1f', 9)} {_f(r['pred_over_meas'], '.2f', 9)} "
                      f"{r['accuracy']:>9.4f}")
@@ -107,18 +115,80 @@ def table(rows: list[dict]) -> str:
 
 PEERS = {"none": "ddp", "fp16": "ddp-fp16", "powersgd:2": "ddp-powersgd:2",
          "powersgd:4": "ddp-powersgd:4"}
+# What a repeated row keeps as the median of its repeats (the rest: the first repeat's, which do not vary).
+MEDIANS = ("link_bytes_per_step", "step_ms", "sync_share", "compute_ms", "encode_ms", "in_situ_ms", "predicted_ms",
+           "link_over_wire", "wire_bytes_per_step")
+
+
+def _key(r: dict) -> tuple:
+    return r["rate"], r["framework"], r["compression"]
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """One row per rate, framework and run from its repeats (rows with ``repeat``): the median of each timed figure,
+    ``step_spread`` ([min, max] of the step time), ``repeats``, and the accuracies of every seed."""
+    out = []
+    for reps in _groups(rows).values():
+        row = dict(reps[0])
+        for k in MEDIANS:
+            values = [r[k] for r in reps if r.get(k) is not None]
+            row[k] = statistics.median(values) if values else None
+        steps = [r["step_ms"] for r in reps]
+        row.update(repeats=len(reps), step_spread=[min(steps), max(steps)],
+                   accuracy=statistics.fmean(r["accuracy"] for r in reps),
+                   accuracies=[r["accuracy"] for r in reps], seeds=[r.get("seed") for r in reps])
+        row.pop("repeat", None)
+        row.pop("seed", None)
+        out.append(row)
+    return out
 
 
 def versus_ddp(rows: list[dict]) -> list[dict]:
-    """hvdsync's step time over DDP's with the matching hook, per rate (target <= 1.0)."""
+    """hvdsync's step time over DDP's with the matching hook, per rate, from the runs of each repeat (``rows``: one
+    per run and repeat, both sides of a repeat on the same seed): ``ratio`` is the median of the repeats' ratios,
+    ``spread`` their [min, max]; ``hvdsync_ms`` / ``ddp_ms`` the sides' median steps (target: ratio <= 1.0)."""
     out = []
-    for r in rows:
-        if r["framework"] != "torch" or r["compression"] not in PEERS:
+    for (rate, framework, name), reps in _groups(rows).items():
+        if framework != "torch" or name not in PEERS:
             continue
-        peer = next((d for d in rows if d["compression"] == PEERS[r["compression"]] and d["rate"] == r["rate"]), None)
-        if peer:
-            out.append({"rate": r["rate"], "hvdsync": r["compression"], "ddp": peer["compression"],
-                        "ratio": r["step_ms"] / peer["step_ms"], "accuracy_delta": r["accuracy"] - peer["accuracy"]})
+        peers = {r.get("repeat", 0): r for r in rows if r["compression"] == PEERS[name] and r["rate"] == rate}
+        pairs = [(r, peers[r.get("repeat", 0)]) for r in reps if r.get("repeat", 0) in peers]
+        if not pairs:
+            continue
+        ratios = [a["step_ms"] / b["step_ms"] for a, b in pairs]
+        out.append({"rate": rate, "hvdsync": name, "ddp": PEERS[name], "ratio": statistics.median(ratios),
+                    "repeats": len(pairs), "spread": [min(ratios), max(ratios)],
+                    "hvdsync_ms": statistics.median(a["step_ms"] for a, _ in pairs),
+                    "ddp_ms": statistics.median(b["step_ms"] for _, b in pairs),
+                    "accuracy_delta": statistics.fmean(a["accuracy"] - b["accuracy"] for a, b in pairs)})
+    return out
+
+
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(_key(r), []).append(r)
+    return groups
+
+
+def accuracy_summary(rows: list[dict]) -> list[dict]:
+    """Per framework and run: test accuracy over every seed it trained with (every repeat at every rate has its own;
+    the rate does not change what is computed), as :func:`hvdlab.bench.link_fair.accuracy_stats`, and its
+    difference to hvdsync's ``none`` on the same seeds (mean, standard deviation)."""
+    from hvdlab.bench.link_fair import accuracy_stats
+
+    by_run: dict[tuple, dict] = {}
+    for r in rows:
+        by_run.setdefault((r["framework"], r["compression"]), {})[r.get("seed")] = r
+    out = []
+    for (framework, name), seeds in by_run.items():
+        base = by_run.get((framework, "none"), {})
+        stats = accuracy_stats([r["accuracy"] for r in seeds.values()],
+                               next(iter(seeds.values())).get("test_samples") or 0)
+        deltas = [r["accuracy"] - base[s]["accuracy"] for s, r in seeds.items() if s in base]
+        out.append({"framework": framework, "run": name, **stats,
+                    "delta_vs_none": statistics.fmean(deltas) if deltas else None,
+                    "delta_sd": statistics.stdev(deltas) if len(deltas) > 1 else None})
     return out
 
 
