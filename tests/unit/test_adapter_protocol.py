@@ -21,8 +21,6 @@ MODULES_ONLY_IN = {
         "grouped.py": "the choice between Horovod's per-tensor backward hooks (their all-reduces overlap backward) and "
                       "one grouped call after backward (sync.grouped_mb) is PyTorch's; TensorFlow's optimizer always "
                       "reduces in one grouped call",
-        "schemes/base.py": "the base of PyTorch's three sync-mode optimizers (Horovod's optimizer surface: zero_grad, "
-                           "synchronize, step); TensorFlow's one mode subclasses its DistributedOptimizer instead",
         "schemes/ps.py": "sync.mode ps is implemented for PyTorch only (hvdsync.core.comm.schemes.MODES)",
         "schemes/gossip.py": "sync.mode gossip is implemented for PyTorch only (hvdsync.core.comm.schemes.MODES)",
     },

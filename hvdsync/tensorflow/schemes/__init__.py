@@ -2,7 +2,7 @@
 file for file where the mode exists; parameter server and gossip are PyTorch's only).
 
 :func:`hvdsync.tensorflow.distributed_optimizer` looks ``sync.mode`` up in :data:`SCHEMES` and, for any mode but
-``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.optimizer.DistributedOptimizer`.
+``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.schemes.base.DistributedOptimizer`.
 They *are* that optimizer (a Keras 3 ``Optimizer``) with other ``synchronize``/``step`` phases, so Keras
 ``compile``/``fit``, ``apply_gradients`` in the user's ``tf.function`` step and hvdsync's shared loop work unchanged.
 When to communicate comes from :mod:`hvdsync.core.comm.schemes.local_sgd`; this package only moves tensors.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import keras
 
 from hvdsync.core.comm.codecs import WireCounter, get_codec
-from hvdsync.tensorflow.optimizer import DistributedOptimizer
+from hvdsync.tensorflow.schemes.base import DistributedOptimizer
 from hvdsync.tensorflow.schemes.local_sgd import LocalSGDOptimizer
 
 SCHEMES: dict[str, type[DistributedOptimizer]] = {"local_sgd": LocalSGDOptimizer}

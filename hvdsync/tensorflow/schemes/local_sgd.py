@@ -10,7 +10,7 @@ from hvdsync.config import SyncConfig
 from hvdsync.core.comm.codecs import Codec, WireCounter
 from hvdsync.core.comm.schemes import local_sgd
 from hvdsync.tensorflow.compression import record_all_on_wire
-from hvdsync.tensorflow.optimizer import DistributedOptimizer
+from hvdsync.tensorflow.schemes.base import DistributedOptimizer
 
 
 class LocalSGDOptimizer(DistributedOptimizer):
@@ -21,7 +21,7 @@ class LocalSGDOptimizer(DistributedOptimizer):
         optimizer: the user's local Keras optimizer.
         sync: the checked settings: ``sync.period`` updates between averagings, the first ``sync.warmup_steps``
             updates all-reduce their gradients (post-local SGD), ``sync.accumulate`` backward passes per update
-            (summed locally, as :class:`~hvdsync.tensorflow.optimizer.DistributedOptimizer` does; never straddles
+            (summed locally, as :class:`~hvdsync.tensorflow.schemes.base.DistributedOptimizer` does; never straddles
             an averaging).
         codec: the codec built from ``sync.compression`` (``none``: parameters, not gradients, are averaged).
         counter: records every tensor handed to Horovod.
