@@ -8,8 +8,8 @@
 # are the patch files in scripts/horovod-patches/, each of which says why and which upstream change it mirrors.
 #
 # The built wheel is cached under $HVDSYNC_CACHE (default ~/.cache/hvdsync), keyed by everything it was built
-# against: Horovod version, the frameworks built (torch, TensorFlow), Python ABI, CUDA/NCCL (or cpu), the compiler,
-# and the diffs of the patches with this script's RECIPE number. A second run with the same key installs the cached
+# against: Horovod version, the frameworks built (torch, TensorFlow), Python ABI, CUDA/NCCL (or cpu), the MPI (where
+# one is built in), the compiler, and the diffs of the patches with this script's RECIPE number. A second run with the same key installs the cached
 # wheel in seconds; any change to the key rebuilds from a clean source tree (a reused tree breaks CMake:
 # third_party/compatible17_gloo is left).
 #
@@ -19,6 +19,7 @@
 #   HVDSYNC_HOROVOD_REBUILD=1 ignore the cache
 #   HVDSYNC_HOROVOD_FRAMEWORKS  auto (default: those installed) | torch | tensorflow | torch,tensorflow
 #   HVDSYNC_HOROVOD_GPU       auto (default) | cpu | nccl: see "Gloo only, or with NCCL" below
+#   HVDSYNC_HOROVOD_MPI       auto (default: with MPI where mpicxx and mpirun are on PATH) | on | off: "MPI beside Gloo"
 #   HVDSYNC_HOROVOD_SDIST     a local horovod-0.28.1.tar.gz (or a folder holding it) instead of PyPI's, for machines
 #                             without a package index (benchmarks/gpu.sh --prepare DIR saves one)
 #   HVDSYNC_CUDA_FROM_WHEELS=1  NCCL builds for CUDA >= 13: take nvcc and CUDA's headers from pip's wheels even if a
@@ -26,7 +27,7 @@
 #   HOROVOD_BUILD_CUDA_CC_LIST  GPU builds only: compute capabilities (default 80,90: A100, H100/H200)
 # Arguments (nothing is built with either):
 #   --print-key  the cache key and the cache folder, two lines
-#   --plan       every decision as KEY=VALUE lines (FRAMEWORKS, HOROVOD_WITH[OUT]_*, GPU_OPERATIONS, GPU, SDIST, KEY,
+#   --plan       every decision as KEY=VALUE lines (FRAMEWORKS, HOROVOD_WITH[OUT]_*, GPU_OPERATIONS, GPU, MPI, SDIST, KEY,
 #                KEY_DIR; CUDA_HOME and NCCL_HOME for NCCL builds), or the one error line a build would stop with
 set -euo pipefail
 
@@ -245,6 +246,38 @@ if [ "$mode" != cpu ]; then
   fi
 fi
 
+# ---- MPI beside Gloo --------------------------------------------------------------------------------------------
+# HVDSYNC_HOROVOD_MPI=auto (default): Horovod's MPI controller is built as well as Gloo wherever an MPI's C++ wrapper
+# and launcher are on PATH (Debian: openmpi-bin libopenmpi-dev), so one wheel serves horovodrun --gloo (what
+# hvdsync's launchers use), mpirun, horovodrun --mpi and srun --mpi=pmix. off: Gloo only, as on a machine without an
+# MPI. on: MPI, or one line naming what is missing. The MPI's name and version enter the key (the extensions link its
+# libmpi); a build without MPI keeps the key it always had.
+mpi_mode="${HVDSYNC_HOROVOD_MPI:-auto}"
+case "$mpi_mode" in
+  auto|on|off) ;;
+  *) die "HVDSYNC_HOROVOD_MPI: '$mpi_mode' is not allowed; choose one of: auto, on, off" ;;
+esac
+mpi=""
+if [ "$mpi_mode" != off ]; then
+  mpicxx_bin="$(command -v mpicxx || command -v mpic++ || true)"
+  mpirun_bin="$(command -v mpirun || true)"
+  mpi_missing=""
+  if [ -z "$mpicxx_bin" ] || [ -z "$mpirun_bin" ]; then
+    mpi_missing="no mpicxx and mpirun on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)"
+  else
+    banner="$("$mpirun_bin" --version 2>&1 || true)"
+    # Open MPI: "mpirun (Open MPI) 4.1.4"; MPICH's Hydra: "HYDRA build details:" then "Version: 4.0.2".
+    mpi="$(printf '%s\n' "$banner" | sed -n 's/.*(Open MPI) \([0-9][0-9.a-z]*\).*/openmpi\1/p' | head -n 1)"
+    if [ -z "$mpi" ] && printf '%s\n' "$banner" | grep -q HYDRA; then
+      mpi="$(printf '%s\n' "$banner" | sed -n 's/^ *Version: *\([0-9][0-9.a-z]*\).*/mpich\1/p' | head -n 1)"
+    fi
+    [ -n "$mpi" ] || mpi_missing="$mpirun_bin --version names neither Open MPI nor MPICH"
+  fi
+  if [ -n "$mpi_missing" ] && [ "$mpi_mode" = on ]; then
+    die "HVDSYNC_HOROVOD_MPI=on, but this is missing: an MPI: $mpi_missing"
+  fi
+fi
+
 # ---- the sdist -----------------------------------------------------------------------------------------------------
 sdist="pypi"
 if [ -n "${HVDSYNC_HOROVOD_SDIST:-}" ]; then
@@ -287,7 +320,7 @@ fi
 patch_bodies() { for p in "$@"; do echo "== ${p##*/}"; awk '/^(--- |diff --git )/ { on = 1 } on' "$p"; done; }
 fix_sum="$( (patch_bodies "${patches[@]}"; echo "recipe $RECIPE"; [ -z "$gcc13_includes" ] || echo "$gcc13_includes") \
            | sha256sum | cut -c1-12)"
-key="horovod${HOROVOD_VERSION}-${versions}-${gpu}-gcc${cxx}-fixes${fix_sum}"
+key="horovod${HOROVOD_VERSION}-${versions}-${gpu}${mpi:+-$mpi}-gcc${cxx}-fixes${fix_sum}"
 key_dir="$cache_root/$(printf '%s' "$key" | sha256sum | cut -c1-16)"
 case "$action" in
   print-key) printf '%s\n%s\n' "$key" "$key_dir"; exit 0 ;;
@@ -297,6 +330,8 @@ case "$action" in
     if [ -n "$with_tf" ]; then echo HOROVOD_WITH_TENSORFLOW=1; else echo HOROVOD_WITHOUT_TENSORFLOW=1; fi
     if [ "$gpu" = cpu ]; then echo GPU_OPERATIONS=none; else echo GPU_OPERATIONS=NCCL; fi
     echo "GPU=$gpu"
+    if [ -n "$mpi" ]; then echo HOROVOD_WITH_MPI=1; else echo HOROVOD_WITHOUT_MPI=1; fi
+    echo "MPI=${mpi:-none}"
     if [ "$gpu" != cpu ]; then
       echo "CUDA_HOME=$cuda_home"
       echo "NCCL_HOME=$nccl_home"
@@ -343,8 +378,9 @@ if [ "${HVDSYNC_HOROVOD_REBUILD:-0}" = 1 ] || [ -z "$wheel" ]; then
   # setuptools then fetches any it finds missing from an index, which a machine without one does not have. They are
   # checked to be installed instead (each by the module it provides), and setup_requires is emptied. install_requires,
   # which the wheel's metadata is made from, stays as it is: the wheel is the same, so the key is too.
+  # No cffi: setup.py lists it for torch builds, but only in setup_requires/install_requires; the torch extension is
+  # built by torch.utils.cpp_extension and nothing in horovod.torch imports cffi (a torch-only node lacks it).
   needs="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging setuptools:setuptools wheel:wheel"
-  [ -z "$with_torch" ] || needs="$needs cffi:cffi"   # setup.py adds cffi unless HOROVOD_WITHOUT_PYTORCH
   absent="$("$PY" - $needs <<'PYEOF'
 import importlib.util, sys
 print(" ".join(dist for mod, dist in (a.split(":") for a in sys.argv[1:]) if importlib.util.find_spec(mod) is None))
@@ -364,7 +400,9 @@ PYEOF
   unset HOROVOD_WITH_PYTORCH HOROVOD_WITHOUT_PYTORCH HOROVOD_WITH_TENSORFLOW HOROVOD_WITHOUT_TENSORFLOW
   if [ -n "$with_torch" ]; then export HOROVOD_WITH_PYTORCH=1; else export HOROVOD_WITHOUT_PYTORCH=1; fi
   if [ -n "$with_tf" ]; then export HOROVOD_WITH_TENSORFLOW=1; else export HOROVOD_WITHOUT_TENSORFLOW=1; fi
-  export HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1
+  unset HOROVOD_WITH_MPI HOROVOD_WITHOUT_MPI
+  export HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1
+  if [ -n "$mpi" ]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
   # CMake 4 refuses third_party/gloo's cmake_minimum_required(2.8.12); this lets it configure (see notes).
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
   # No cmake on PATH: the environment's own (the `build` extra), which a venv's bin/ need not put there (a
@@ -436,17 +474,18 @@ fi
 
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel" >&2
 # Runtime needs of horovodrun that --no-deps skipped are pinned in constraints.txt (cloudpickle, psutil, pyyaml, packaging).
-# Check the installed build really has each framework planned, with Gloo (and NCCL for a GPU build): the same facts
+# Check the installed build really has each framework planned, with Gloo (NCCL for a GPU build, MPI where planned): the same facts
 # as `horovodrun --check-build`, asked of each extension in one process (check-build starts one per framework).
-TF_CPP_MIN_LOG_LEVEL=3 "$PY" - "$frameworks" "$gpu" <<'EOF' || { say "error: the installed Horovod is incomplete (see above)"; exit 1; }
+TF_CPP_MIN_LOG_LEVEL=3 "$PY" - "$frameworks" "$gpu" "$mpi" <<'EOF' || { say "error: the installed Horovod is incomplete (see above)"; exit 1; }
 import importlib
 import sys
-frameworks, gpu = sys.argv[1].split(","), sys.argv[2]
+frameworks, gpu, mpi = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
 missing = []
 for framework in frameworks:
     hvd = importlib.import_module(f"horovod.{framework}")
     missing += [f"{part} ({framework})" for part, ok in [("Gloo", hvd.gloo_built()),
-                                                         ("NCCL", gpu == "cpu" or hvd.nccl_built())] if not ok]
+                                                         ("NCCL", gpu == "cpu" or hvd.nccl_built()),
+                                                         ("MPI", not mpi or hvd.mpi_built())] if not ok]
 if missing:
     sys.exit(f"Horovod was built without: {', '.join(missing)}")
 EOF

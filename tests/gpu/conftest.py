@@ -1,8 +1,34 @@
 """The GPU tests (marker `gpu`): where no CUDA device is visible they are skipped with the reason in one line, so the
-suite stays green on CPU machines; benchmarks/gpu.sh runs them on a machine with a GPU."""
+suite stays green on CPU machines; benchmarks/gpu.sh runs them on a machine with a GPU.
+
+On that machine a skip would hide a broken node (no CUDA torch, Horovod without NCCL): with HVDSYNC_REQUIRE_GPU=1
+(gpu.sh sets it) every skip of a test in this folder is reported as a failure, naming its reason, except a test that
+says it needs more GPUs than the node has ("needs 2 GPUs ..."): that is the node's size, not a fault."""
 import os
+import re
 
 import pytest
+
+# The one kind of skip a GPU node may report under HVDSYNC_REQUIRE_GPU=1 (needs_gpus below words it).
+ALLOWED_SKIP = re.compile(r"needs \d+ GPUs\b")
+
+
+def gpu_required() -> bool:
+    return os.environ.get("HVDSYNC_REQUIRE_GPU", "") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and gpu_required()) or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if not ALLOWED_SKIP.search(reason):
+        report.outcome = "failed"
+        report.longrepr = (f"HVDSYNC_REQUIRE_GPU=1: this GPU test would have been skipped ({reason}); on a GPU node "
+                           f"that is a failure")
 
 
 def no_gpu_reason() -> str | None:
