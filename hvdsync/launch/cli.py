@@ -21,45 +21,20 @@ import subprocess
 import sys
 
 from hvdsync.launch import runs
+from hvdsync.launch.options import SHORTCUTS, train_options
 from hvdsync.config import Config, ConfigError
-
-# CLI flags that are shortcuts for config fields (so `--compression fp16` == `--set sync.compression=fp16`).
-SHORTCUTS = {
-    "framework": "train.framework", "np": "train.np", "epochs": "train.epochs", "lr": "train.lr",
-    "seed": "train.seed", "compression": "sync.compression", "accumulate": "sync.accumulate", "op": "sync.op",
-    "model": "train.model", "batch_size": "data.batch_size", "dataset": "data.dataset",
-    "experiment": "tracking.experiment", "tracking_uri": "tracking.tracking_uri", "min_np": "elastic.min_np",
-    "max_np": "elastic.max_np", "checkpoint_dir": "elastic.checkpoint_dir", "device": "train.device",
-}
-
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvdsync", description="Synchronised data-parallel training on Horovod.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train on local Horovod workers (Gloo)")
-    _train_options(t)
+    train_options(t)
     t.add_argument("--json", action="store_true", help="print the result as JSON")
     t.add_argument("--log-dir", help="folder for the workers' log (default: a temporary folder)")
     _host_options(t)
     sub.add_parser("doctor", help="show what Horovod was built with and the versions in use")
     runs.add_parsers(sub)
     return p
-
-
-def _train_options(t: argparse.ArgumentParser) -> None:
-    """The config options of ``train`` (and ``sweep``, whose ``--set`` may list values: ``sync.accumulate=1,4``)."""
-    t.add_argument("--config", help="YAML config file (sections: sync, data, train, tracking, monitor, elastic)")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override one config field; repeatable")
-    for flag, field in SHORTCUTS.items():
-        t.add_argument("--" + flag.replace("_", "-"), dest=flag, help=f"shortcut for --set {field}=...")
-    t.add_argument("--elastic", action="store_true", help="elastic job: survives lost workers, grows back "
-                   "(hosts from a discovery script that prints the file 'hosts' in --log-dir: this machine's "
-                   "names, or --hosts/--hostfile; see hvdsync.launch.elastic)")
-    t.add_argument("--resume", action="store_true", help="elastic: start from the newest valid checkpoint")
-    t.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
-    t.add_argument("--timeline", action="store_true", help="record Horovod's timeline and its per-tensor chart")
-    t.add_argument("--verbose", action="store_true", help="show worker output instead of a log file")
 
 
 def _host_options(t: argparse.ArgumentParser) -> None:

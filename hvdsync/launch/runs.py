@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry.tracking import FINAL_METRICS, resolve_uri
+from hvdsync.launch.options import train_options
 
 # The final figures ``list`` and ``compare`` show (higher is better for all but the times and the loss).
 SHOWN_METRICS = ("final_test_accuracy", "train_loss", "samples_per_second", "total_seconds", "wire_bytes")
@@ -317,10 +318,9 @@ def _cmd_sweep(ns, base: Config) -> int:
     return 0
 
 
-# ---- argument parsing (called from hvdsync.launch.cli) ---------------------------------------------------------------------
+# ---- argument parsing (called from hvdsync.launch.cli) ---------------------------------------------------------
 def add_parsers(sub) -> None:
     """Add ``runs`` and ``sweep`` to the ``hvdsync`` command's subparsers."""
-    from hvdsync.launch.cli import _train_options as add_train_options
     runs = sub.add_parser("runs", help="list, compare, push, open the UI for, or reproduce recorded runs")
     rsub = runs.add_subparsers(dest="runs_command", required=True)
 
@@ -354,7 +354,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(handler=_cmd_reproduce)
 
     s = sub.add_parser("sweep", help="train a grid of configs (--set field=v1,v2) as child runs of one MLflow run")
-    add_train_options(s)
+    train_options(s)
 
 
 def main(ns: argparse.Namespace, base: Config | None = None) -> int:
