@@ -4,6 +4,7 @@ importing the core loads.
     hvdsync.core     imports no framework, no Horovod, and nothing of hvdsync above it (config, registry, launch,
                      adapters): callers hand it built objects and callables
     hvdsync          never imports the lab package (hvdlab), which imports hvdsync
+    no circles       in hvdsync or hvdlab, counting imports inside functions
 """
 import ast
 import pathlib
@@ -67,3 +68,96 @@ def test_importing_every_core_module_loads_no_framework_and_nothing_above_it():
             f"print(sorted(k for k in set(sys.modules) - before if any(k == w or k.startswith(w + '.') for w in {watched!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+# -- import circles ------------------------------------------------------------------------------------------------
+# A circle is closed by a function-local import (the module at the other end is half-built at the top), so the scan
+# counts those too. Imports under `if TYPE_CHECKING:` never run and are left out: annotations may name any module.
+
+def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_nodes(tree: ast.AST):
+    for node in ast.iter_child_nodes(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        if test is not None and "TYPE_CHECKING" in ast.unparse(test):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def _import_graph(package: str, root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+    """``{module: modules of the same package it imports}``; `from a.b import c` counts as importing `a.b.c` where
+    that is a module, else `a.b`."""
+    files = {_module_name(p, root): p for p in (root / package).rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: `from . import x`, `from ..m import y`
+                    parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts with more than one module (Tarjan's algorithm, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = stack[stack.index(node):]
+                    del stack[stack.index(node):]
+                    if len(part) > 1:
+                        circles.append(sorted(part))
+    return circles
+
+
+def test_no_import_circles_in_the_product_or_the_lab():
+    assert len(_import_graph("hvdsync")) > 100
+    circles = [c for p in ("hvdsync", "hvdlab") for c in _circles(_import_graph(p))]
+    assert circles == [], f"modules that import each other (also inside functions): {circles}"
+
+
+def test_the_circle_scan_sees_a_circle_closed_inside_a_function_and_not_one_for_annotations(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import a\n    return a\n")
+    (pkg / "c.py").write_text("from . import d\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import x\n")
+    graph = _import_graph("pkg", tmp_path)
+    assert graph["pkg.c"] == {"pkg.d"} and graph["pkg.d"] == set()
+    assert _circles(graph) == [["pkg.a", "pkg.b"]]
