@@ -4,7 +4,7 @@
     sudo python benchmarks/link.py --rates 1gbit,none --frameworks torch --codecs none,fp16,topk:0.01,ddp-fp16
     sudo python benchmarks/link.py --quick                           # a small model, 2 rates: every path in minutes
     sudo python benchmarks/link.py --scaling --rates 1gbit           # 4 workers on 2 hosts vs 2 on 1
-    sudo python benchmarks/link.py --record quiet                    # keep it: results/link/<date>-sweep-quiet.*
+    sudo python benchmarks/link.py --repeats 5 --record quiet        # keep it: results/link/<date>-sweep-quiet.*
 
 Over loopback (every other suite here) an all-reduce is a memory copy, so a codec that saves bytes saves little
 time. Here the job's 2 workers run on 2 test hosts (:mod:`hvdlab.testhosts`: network namespaces with sshd, joined by
@@ -30,6 +30,16 @@ rank-4 hooks (:mod:`hvdlab.bench.link_ddp`). The task is the synthetic one at ``
   round of collectives (PowerSGD 2 a step, local SGD 1 per H steps), each as long as a grouped all-reduce of a few
   bytes measured on the workers over the same link (:func:`hvdlab.bench.link_encode.call_seconds`); ``pred/meas``;
 * test accuracy after the last epoch; then hvdsync's step over DDP's with the matching hook.
+
+So that the comparison cannot favour either side (:mod:`hvdlab.bench.link_fair`): every process on a test host runs on
+that host's cores (``TestHosts(split_cpus=True)`` pins what it starts over ssh and what it starts directly: node1's
+Horovod worker and DDP's ranks), and before anything is timed every contender's workers report, from inside, their
+affinity and intra-op threads: one that differs from the others is refused by name. DDP reads hvdsync's shuffled
+plan from the same seed, with the same model, data, lr and batch, and neither side warms PowerSGD up
+(:mod:`hvdlab.bench.link_ddp`). At each rate the contenders run interleaved, A B A B, ``--repeats`` times (each
+repeat on a seed of its own, the same on both sides); every figure is the median of the repeats with its
+[min, max], and accuracy is the mean and standard deviation over all seeds, on 2,560 test samples. A 16 MiB
+all-reduce's bus bandwidth over the link, against the link's TCP rate, is ``allreduce_bus_fraction``.
 
 Needs root and Linux network namespaces (``scripts/install_test_hosts.sh`` installs sshd and iproute2).
 """
