@@ -384,19 +384,39 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
         raise ConfigError(f"{'/'.join('--' + k.replace('_', '-') for k in where)}: not used with --ray; Ray places "
                           "the workers on its nodes")
     preflight(cfg)
+    from hvdsync.launch.local import job_run
+
+    require_ray()  # one line before the job's run is made, where Ray is missing
     if not cfg.elastic.enabled:
-        results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, address=address, sync=cfg.sync,
-                      quiet=quiet, progress=progress, log_dir=log_dir, cpus_per_worker=cpus_per_worker,
-                      gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces)
+        # One MLflow run per job, made here before any worker starts; its id reaches the workers with the other
+        # HVDSYNC_ variables (_worker_env).
+        with job_run(cfg, "ray"):
+            results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, address=address, sync=cfg.sync,
+                          quiet=quiet, progress=progress, log_dir=log_dir, cpus_per_worker=cpus_per_worker,
+                          gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces)
         return FitResult(**results[0])
     from hvdsync.core.elastic.loop import ElasticResult
+    from hvdsync.launch.elastic import _lost_hosts, reset_tags, resumed_run
 
     run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-ray-elastic-"))
+    lost: list[dict] = []
     try:
-        results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, run_dir,
-                              address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                              sync=cfg.sync, faults=faults, quiet=quiet, progress=progress,
-                              network_interfaces=network_interfaces)
+        with job_run(cfg, "ray", resumed_run(cfg)) as job:
+            try:
+                with _lost_hosts(lost):
+                    results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, run_dir,
+                                          address=address, cpus_per_worker=cpus_per_worker,
+                                          gpus_per_worker=gpus_per_worker, sync=cfg.sync, faults=faults, quiet=quiet,
+                                          progress=progress, network_interfaces=network_interfaces)
+            except WorkerError:
+                if job is not None:
+                    job.end("FAILED", reset_tags(cfg.elastic.min_np, [], lost, None))
+                raise
+            first = next(r for r in results if r.get("rank") == 0)
+            if job is not None:
+                # The world it started with: the first reset's size before it (else the size it ended with).
+                start = first["resets"][0]["size_before"] if first.get("resets") else first["world_size"]
+                job.end("FINISHED", reset_tags(start, first.get("resets", []), lost, None))
     finally:
         if log_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)

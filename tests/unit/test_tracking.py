@@ -1,6 +1,7 @@
 """MLflow run records through the spool: rank 0 writes a real store; other ranks write nothing; a broken store never
 stops training, warns once, and loses nothing (``runs push`` and the next run send the rest, each record once)."""
 import json
+import subprocess
 import warnings
 
 import mlflow
@@ -140,3 +141,47 @@ def test_runs_compare_takes_run_ids_as_arguments_as_users_type_them(tmp_path, st
     # One id is an error that says what is needed, before MLflow is asked anything.
     assert cli.main(["runs", "compare", ids[0], "--tracking-uri", store]) == 2
     assert "at least two runs are needed" in capsys.readouterr().err
+
+
+def test_the_launchers_run_is_continued_by_every_rank_0_and_a_killed_launchers_run_is_ended(tmp_path, store,
+                                                                                              monkeypatch, capsys):
+    """What a launcher does around a job (hvdsync.core.telemetry.jobrun), with the trackers two successive rank 0s
+    of an elastic job would use (or a user's own horovodrun script, given HVDSYNC_RUN_ID)."""
+    from hvdsync.core.telemetry import jobrun
+
+    spool_dir = tmp_path / "spool"
+    cfg = TrackingConfig(tracking_uri=store, experiment="unit-job", spool_dir=str(spool_dir), flush_seconds=300)
+    job = jobrun.begin(cfg, {"framework": "torch", "elastic": "true"})
+    assert job.run_id and (spool_dir / "jobs" / f"{job.key}.json").exists()
+    for name, value in job.env().items():
+        monkeypatch.setenv(name, value)
+    for world_size, steps in ((2, (0, 1)), (1, (2, 3))):   # the first rank 0, then the one after a reset
+        tracker = make_tracker(cfg, 0)
+        tracker.start({"world_size": world_size, "train.lr": 0.1}, tags={"framework": "torch"})
+        assert tracker.run_id == job.run_id                     # known at once: an elastic commit records it
+        for step in steps:
+            tracker.log_metrics({"train_loss": 1.0 / (step + 1)}, step=step)
+        tracker.finish()
+    job.end("FINISHED", {"hvdsync.world_sizes": "2,1"})
+    client = mlflow.MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("unit-job").experiment_id])
+    assert [r.info.run_id for r in runs] == [job.run_id] and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["world_size"] == "2"             # the first rank 0's params stand
+    assert runs[0].data.tags["hvdsync.world_sizes"] == "2,1" and runs[0].data.tags["hvdsync.job"] == job.key
+    assert sorted(m.step for m in client.get_metric_history(job.run_id, "train_loss")) == [0, 1, 2, 3]
+    assert not (spool_dir / "jobs" / f"{job.key}.json").exists()
+
+    # A launcher killed whole never ends its run: its note names a process that is gone, and `runs push` (like
+    # `runs list` and the next job's launcher) ends the run as KILLED.
+    monkeypatch.delenv(jobrun.RUN_ID_ENV)
+    killed = jobrun.begin(cfg, {"framework": "torch"})
+    note = spool_dir / "jobs" / f"{killed.key}.json"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    note.write_text(json.dumps({**json.loads(note.read_text()), "pid": gone.pid, "started": 0.0}))
+    capsys.readouterr()
+    assert cli.main(["runs", "push", str(spool_dir)]) == 0
+    assert f"run {killed.run_id}: its job was killed; ended as KILLED" in capsys.readouterr().out
+    run = client.get_run(killed.run_id)
+    assert run.info.status == "KILLED" and f"pid {gone.pid}" in run.data.tags["hvdsync.ended_by"]
+    assert not note.exists()
