@@ -1,28 +1,15 @@
-"""What every adapter's ``fit`` and ``fit_elastic`` do on the built-in path, once for both frameworks: take the
-config (default ``Config()``), load the data set it names (:mod:`hvdsync.datasets`), build the adapter's backend and
-run the core's loop. This is the layer that knows the config and the registry; the core below it knows neither."""
+"""What every adapter's ``fit_elastic`` does on the built-in path, once for both frameworks: take the config
+(default ``Config()``), load the data set it names (:mod:`hvdsync.datasets`), build the adapter's backend and run the
+core's elastic loop. This is the layer that knows the config and the registry; the core below it knows neither."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from hvdsync.config import Config
 from hvdsync.core.comm.codecs import codec_state_of
 from hvdsync.core.elastic.loop import ElasticResult, elastic_fit
 from hvdsync.core.train.data import Dataset
-from hvdsync.core.train.callbacks import Callback
-from hvdsync.core.train.loop import FitResult, fit_loop
 from hvdsync.datasets import load
-
-
-def fit_with(init: Callable, build: Callable, cfg=None, data: Dataset | None = None,
-             before_step: Callable[[int, int], None] | None = None, callbacks: Sequence[Callback] = ()) -> FitResult:
-    """What an adapter's ``fit`` does for the built-in path: ``init(cfg)`` the worker, load ``data`` (default: the
-    data set ``cfg.data`` names), ``build(cfg, data)`` its backend and run :func:`fit_loop`. ``cfg`` defaults to
-    ``Config()``."""
-    cfg = cfg or Config()
-    init(cfg)
-    data = data if data is not None else load(cfg.data, cfg.train.seed)
-    return fit_loop(cfg, build(cfg, data), data, before_step=before_step, callbacks=callbacks)
 
 
 def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_elastic: Callable, cfg=None,

@@ -55,7 +55,8 @@ from hvdsync import launch
 from hvdsync.config import Config
 from hvdsync import datasets
 from hvdsync.core.train import seeding
-from hvdsync.core.train.sharding import ShardPlan, naive_shards
+from hvdlab.sharding import naive_shards
+from hvdsync.core.train.sharding import ShardPlan
 
 cfg = Config().replace(train={"np": 2, "seed": 0}, data={"dataset": "digits", "batch_size": 32},
                        tracking={"enabled": False})
@@ -173,7 +174,8 @@ def read_and_report(cfg_dict, epochs):
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.train import seeding
-    from hvdsync.core.train.sharding import ShardPlan, naive_shards
+    from hvdlab.sharding import naive_shards
+    from hvdsync.core.train.sharding import ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

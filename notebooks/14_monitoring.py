@@ -85,7 +85,7 @@ def three_runs(raw, nudge_step, slow_ms):
     import torch
 
     from hvdsync.config import Config
-    from hvdsync.fitting import fit_with
+    from hvdlab.fitting import fit_with
     from hvdsync.torch import init
     from hvdsync.torch.train import build
 

@@ -81,7 +81,7 @@ def variants(raw, only_first=False):
     import torch
 
     from hvdsync.config import Config
-    from hvdsync.fitting import fit_with
+    from hvdlab.fitting import fit_with
     from hvdsync.torch import init
     from hvdsync.torch.train import build
 

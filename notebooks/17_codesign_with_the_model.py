@@ -153,7 +153,7 @@ plt.show()
 # A 100,000 × 16 table; each rank looks up 300 ids per step (4 per sample, half of them among 50 popular rows, so ids
 # repeat). `sync.sparse: allgather` coalesces the gradient (one row per distinct id), then hands Horovod int32
 # indices and float32 rows; `dense` hands it the whole table. Every tensor handed over is counted
-# (`WireCounter`), and compared with `hvdsync.core.comm.sparse.exchange_formula`. Both ways start from the same model and
+# (`WireCounter`), and compared with `hvdlab.embedding.exchange_formula`. Both ways start from the same model and
 # see the same ids, so their reduced gradients and final parameters must agree.
 
 # %%

@@ -13,13 +13,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdsync.core.comm import sparse
+from hvdlab import embedding
 from hvdsync.core.comm.codecs import WireCounter
 
 
 def embedding_model(table_rows: int, dim: int) -> keras.Model:
     """A sample is ``BAG`` ids; its embedding is the mean of their rows; a dense layer reads it."""
-    return keras.Sequential([keras.Input((sparse.BAG,), dtype="int64"), keras.layers.Embedding(table_rows, dim),
+    return keras.Sequential([keras.Input((embedding.BAG,), dtype="int64"), keras.layers.Embedding(table_rows, dim),
                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
 
 
@@ -38,7 +38,7 @@ def embedding_exchange(table_rows: int = 100_000, dim: int = 16, lookups: int = 
 
     hvd.init()
     rank = hvd.rank()
-    batches = [sparse.draw_lookups(table_rows, lookups, s, rank, seed) for s in range(steps)]
+    batches = [embedding.draw_lookups(table_rows, lookups, s, rank, seed) for s in range(steps)]
     targets = [np.random.default_rng([seed, s, rank, 1]).normal(size=len(b)).astype(np.float32)
                for s, b in enumerate(batches)]
     out: dict = {"rank": rank, "size": hvd.size(), "modes": {},
@@ -73,7 +73,7 @@ def embedding_exchange(table_rows: int = 100_000, dim: int = 16, lookups: int = 
                                                                                           params["dense"]))
         out["grad_scale"] = max(float(tf.reduce_max(tf.abs(g))) for g in grads["dense"])
     value_bytes = 2 if compression == "fp16" else 4
-    out["formula"] = sparse.exchange_formula(out["distinct_rows"], table_rows, dim, dim + 1, value_bytes)
+    out["formula"] = embedding.exchange_formula(out["distinct_rows"], table_rows, dim, dim + 1, value_bytes)
     return out
 
 

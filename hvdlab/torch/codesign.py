@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hvdsync.core.comm import sparse
+from hvdlab import embedding
 from hvdsync.core.comm.codecs import WireCounter
 
 
@@ -42,15 +42,15 @@ def embedding_exchange(table_rows: int = 100_000, dim: int = 16, lookups: int = 
                        compression: str = "none", lr: float = 0.5, seed: int = 0,
                        modes: tuple[str, ...] = ("allgather", "dense")) -> dict:
     """Train :class:`EmbeddingRegressor` for ``steps`` with each ``sync.sparse`` mode of ``modes``, from the same
-    start on the same lookups (``lookups`` ids per rank per step: :func:`hvdsync.core.comm.sparse.draw_lookups`).
+    start on the same lookups (``lookups`` ids per rank per step: :func:`hvdlab.embedding.draw_lookups`).
 
     Returns (every rank): per mode the counted bytes, dtypes and seconds per step, the parameters' spread across
     ranks; the largest difference between the modes' reduced table gradients (every step) and final parameters;
-    the distinct rows per step and :func:`hvdsync.core.comm.sparse.exchange_formula`'s bytes.
+    the distinct rows per step and :func:`hvdlab.embedding.exchange_formula`'s bytes.
     """
     hvd.init()
     rank = hvd.rank()
-    batches = [torch.from_numpy(sparse.draw_lookups(table_rows, lookups, s, rank, seed)) for s in range(steps)]
+    batches = [torch.from_numpy(embedding.draw_lookups(table_rows, lookups, s, rank, seed)) for s in range(steps)]
     targets = [torch.from_numpy(np.random.default_rng([seed, s, rank, 1]).normal(size=len(b)).astype(np.float32))
                for s, b in enumerate(batches)]
     out: dict = {"rank": rank, "size": hvd.size(), "modes": {},
@@ -82,7 +82,7 @@ def embedding_exchange(table_rows: int = 100_000, dim: int = 16, lookups: int = 
         out["param_difference"] = max(float((a - b).abs().max()) for a, b in zip(params["allgather"], params["dense"]))
         out["grad_scale"] = max(float(g.abs().max()) for g in grads["dense"])
     value_bytes = 2 if compression == "fp16" else 4
-    out["formula"] = sparse.exchange_formula(out["distinct_rows"], table_rows, dim, dim + 1, value_bytes)
+    out["formula"] = embedding.exchange_formula(out["distinct_rows"], table_rows, dim, dim + 1, value_bytes)
     return out
 
 

@@ -27,7 +27,7 @@ def torch_modes() -> dict:
     from torch import nn
 
     from hvdsync.config import Config
-    from hvdsync.core.comm import sparse
+    from hvdlab import embedding
     from hvdlab.torch.codesign import EmbeddingRegressor, _spread
     from hvdsync.torch.optimizer import broadcast_state, distributed_optimizer
 
@@ -40,7 +40,7 @@ def torch_modes() -> dict:
                                     Config.from_dict({"sync": sync}).sync)
         broadcast_state(model, opt)
         for step in range(4):
-            ids = torch.from_numpy(sparse.draw_lookups(1000, 40, step, hvd.rank()))
+            ids = torch.from_numpy(embedding.draw_lookups(1000, 40, step, hvd.rank()))
             opt.zero_grad()
             nn.functional.mse_loss(model(ids), torch.ones(len(ids))).backward()
             opt.step()
@@ -55,7 +55,7 @@ def keras_fit(steps: int) -> dict:
     import numpy as np
 
     import hvdsync.tensorflow as hs
-    from hvdsync.core.comm import sparse
+    from hvdlab import embedding
     from hvdsync.core.comm.codecs import WireCounter
     from hvdlab.tensorflow.codesign import _spread, embedding_model
 
@@ -65,7 +65,7 @@ def keras_fit(steps: int) -> dict:
     opt = hs.distributed_optimizer(keras.optimizers.SGD(0.5), model, sparse="allgather", counter=counter)
     hs.broadcast_state(model, opt)
     model.compile(optimizer=opt, loss="mse", jit_compile=False)
-    ids = np.concatenate([sparse.draw_lookups(100_000, 300, s, hvd.rank()) for s in range(steps)])
+    ids = np.concatenate([embedding.draw_lookups(100_000, 300, s, hvd.rank()) for s in range(steps)])
     y = np.zeros(len(ids), np.float32)
     model.fit(ids, y, batch_size=len(ids) // steps, epochs=1, shuffle=False, verbose=0)
     return {"bytes": counter.bytes, "dtypes": sorted(counter.dtypes),

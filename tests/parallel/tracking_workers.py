@@ -11,7 +11,7 @@ import time
 
 def fit_keeping_backend(cfg, before_step=None):
     """``hvdsync.torch.fit`` that also returns the backend (to read the model and to inject faults)."""
-    from hvdsync.fitting import fit_with
+    from hvdlab.fitting import fit_with
     from hvdsync.torch import init
     from hvdsync.torch.train import build
 

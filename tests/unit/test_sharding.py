@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hvdsync.core.train.sharding import ShardPlan, naive_shards
+from hvdlab.sharding import naive_shards
+from hvdsync.core.train.sharding import ShardPlan
 
 plans = st.builds(
     ShardPlan,

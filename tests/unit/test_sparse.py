@@ -4,6 +4,7 @@ import pytest
 
 from hvdsync.config import Config, ConfigError
 from hvdlab import ring
+from hvdlab import embedding
 from hvdsync.core.comm import sparse
 
 
@@ -49,11 +50,11 @@ def test_byte_formulas():
 
 
 def test_lookups_are_seeded_and_repeat_popular_rows():
-    a = sparse.draw_lookups(100_000, 300, step=2, rank=1, seed=0)
-    assert a.shape == (75, sparse.BAG) and a.dtype == np.int64
-    assert (a == sparse.draw_lookups(100_000, 300, step=2, rank=1, seed=0)).all()
-    assert not (a == sparse.draw_lookups(100_000, 300, step=2, rank=0, seed=0)).all()
+    a = embedding.draw_lookups(100_000, 300, step=2, rank=1, seed=0)
+    assert a.shape == (75, embedding.BAG) and a.dtype == np.int64
+    assert (a == embedding.draw_lookups(100_000, 300, step=2, rank=1, seed=0)).all()
+    assert not (a == embedding.draw_lookups(100_000, 300, step=2, rank=0, seed=0)).all()
     assert 100 < np.unique(a).size < 300   # a few hundred rows touched, popular ones more than once
-    f = sparse.exchange_formula([200, 210], 100_000, 16, 17)
+    f = embedding.exchange_formula([200, 210], 100_000, 16, 17)
     assert f["allgather"] == sparse.allgather_bytes(410, 16) + 2 * 17 * 4
     assert f["dense"] == 2 * 6_400_000 + 2 * 17 * 4

@@ -199,14 +199,3 @@ class PlanState:
         if consumed >= plan.dataset_size:
             return PlanState(self.epoch + 1, 0)
         return PlanState(self.epoch, consumed)
-
-
-def naive_shards(dataset_size: int, world_size: int, rank: int, seed: int | None) -> np.ndarray:
-    """What goes wrong without a global plan: each rank shuffles on its own seed and takes every W-th sample.
-
-    With ``seed=None`` every rank draws an unseeded order (as a script that forgets to seed would); with
-    per-rank seeds the orders differ too. Either way samples are read twice or never. Kept for teaching
-    (notebook 02) and for the tests that show the failure.
-    """
-    rng = np.random.default_rng(None if seed is None else [seed, rank])
-    return rng.permutation(dataset_size)[rank::world_size]

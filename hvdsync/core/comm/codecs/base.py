@@ -168,10 +168,6 @@ def numel(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def residual_slot(shape: tuple[int, ...]) -> np.ndarray:
-    return np.zeros(shape, np.float32)
-
-
 def mix_seed(*parts: int) -> int:
     """One 31-bit seed from several integers (global seed, parameter index, rank): distinct parts, distinct seeds."""
     return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)

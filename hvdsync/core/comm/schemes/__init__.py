@@ -90,10 +90,3 @@ MODES: dict[str, Mode] = {
                       ("torch", "tensorflow"), ("average",), ("none",), periodic=True, warmup=True,
                       lockstep=False),
 }
-
-
-def get_mode(name: str) -> Mode:
-    try:
-        return MODES[name]
-    except KeyError:
-        raise ValueError(f"sync.mode: {name!r} is not allowed; choose one of: {', '.join(MODES)}") from None
