@@ -14,6 +14,7 @@ with the model and travel in the checkpoints: the final result accounts for ever
 story, before and after the kill. Recovery and grow times are measured from the moment of the loss and of the
 return to the first step the new world completed, and printed (``-s``).
 """
+import contextlib
 import json
 import os
 import re
@@ -229,3 +230,57 @@ def test_the_command_line_passes_hosts_and_ssh_settings_to_the_elastic_launcher(
     assert code == 0, capsys.readouterr().err
     assert seen["hosts"] == [Host("node1", 2), Host("node2", 2)] and seen["np"] == 4
     assert (seen["ssh_identity_file"], seen["ssh_port"], seen["network_interfaces"]) == ("/k", 2222, ["hv0"])
+
+
+# ---- the host holding rank 0 lost: one job, one MLflow run ----------------------------------------------------------
+def _rank0_host(cluster, names) -> str | None:
+    """The host whose worker is rank 0: the one running the MLflow sender (only rank 0 tracks)."""
+    for name in names:
+        for pid in cluster.processes(name):
+            with contextlib.suppress(OSError):
+                if b"hvdsync.core.telemetry.sender" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return name
+    return None
+
+
+@pytest.fixture(scope="module")
+def rank0_lost(cluster, tmp_path_factory):
+    """A tracked job on node1:1,node2:1 (its driver on node3, out of harm's way) whose rank 0's host is lost whole
+    after a few commits; the survivor finishes it alone."""
+    tmp = tmp_path_factory.mktemp("rank0-lost")
+    ckpt, uri = tmp / "ckpt", f"sqlite:///{tmp / 'mlflow.db'}"
+    argv, spec, run_dir = _driver(cluster, tmp, "rank0", "node1:1,node2:1", ckpt, min_np=1, max_np=2)
+    config = json.loads(argv[-1])["config"]
+    config["train"]["np"] = 2
+    config["tracking"] = {"enabled": True, "tracking_uri": uri, "spool_dir": str(tmp / "spool")}
+    argv[-1] = json.dumps({**spec, "config": config})
+    job = cluster.popen("node3", argv, cwd=ROOT, env=_env(), stdout=open(tmp / "driver.log", "w"),
+                        stderr=subprocess.STDOUT)
+    lost = None
+    try:
+        _wait_for(lambda: newest(ckpt, 2, step=4), "a checkpoint of 2 workers at step 4")
+        lost = _wait_for(lambda: _rank0_host(cluster, ["node1", "node2"]), "rank 0's MLflow sender")
+        cluster.lose(lost)
+        elastic_launch.set_hosts(run_dir, [Host("node2" if lost == "node1" else "node1", 1)])
+        assert job.wait(timeout=400) == 0, (tmp / "driver.log").read_text()[-4000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if lost:
+            cluster.restore(lost)
+    return json.loads(Path(spec["out"]).read_text()), uri, lost
+
+
+def test_losing_rank_0s_host_leaves_one_finished_run_with_every_epoch_once(rank0_lost):
+    import mlflow
+
+    result, uri, lost = rank0_lost
+    assert [(e["size_before"], e["size_after"]) for e in result["resets"]] == [(2, 1)]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [(r.info.run_id, r.info.status) for r in runs] == [(result["run_id"], "FINISHED")]
+    for key in ("train_loss", "test_accuracy"):
+        assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == list(range(EPOCHS)), key
+    tags = runs[0].data.tags
+    assert tags["hvdsync.world_sizes"] == "2,1" and tags["hvdsync.lost_hosts"].startswith(f"{lost} at ")

@@ -5,7 +5,8 @@ does not exist before the job, real SIGKILLs.
   TensorFlow: the survivor becomes rank 0 and writes into the same run; exactly one run, ``FINISHED``, every epoch's
   metrics once, the reset and the lost host in its tags. The store is new: the launcher created it before any worker
   started, so the killed rank 0 could not leave it half-created; it opens afterwards.
-* A job killed whole (launcher and workers, SIGKILL) and resumed with ``--resume``: the resumed job's launcher finds
+* A job killed whole (launcher and workers, SIGKILL) once its first epoch is committed, then resumed with
+  ``--resume``: the resumed job's launcher finds
   the killed job's run still ``RUNNING``, ends it ``KILLED`` (a tag says who noticed), and continues it, because its
   checkpoint names it: still one run, its tags count the resume, and it ends ``FINISHED`` with each epoch once.
 
@@ -84,13 +85,22 @@ def _cli(tmp: Path, *extra) -> list[str]:
             "--set", "elastic.commit_every=4", *extra]
 
 
+def _committed_epoch(ckpt: Path) -> int:
+    """The epoch position of the newest checkpoint in ``ckpt`` (-1 before the first)."""
+    newest = max(ckpt.glob("ckpt-*/manifest.json"), default=None)
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(newest.read_text())["meta"]["position"]["epoch"] if newest else -1
+    return -1
+
+
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("one-run-resume")
     logs = tmp / "logs"
     proc = subprocess.Popen(_cli(tmp, "--log-dir", str(logs)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "HVDSYNC_FAULTS": "slow@30"}, start_new_session=True)
-    elastic_workers.wait_for(lambda: len(list((tmp / "ckpt").glob("ckpt-*"))) >= 3, "three checkpoints")
+    # Killed once the first epoch is committed: its metrics come from this job, the second epoch's from the resumed one.
+    elastic_workers.wait_for(lambda: _committed_epoch(tmp / "ckpt") >= 1, "the first epoch's checkpoint")
     pids = elastic_launch.worker_pids(logs)
     os.killpg(proc.pid, signal.SIGKILL)
     for pid in pids.values():
@@ -114,4 +124,6 @@ def test_a_job_killed_whole_and_resumed_is_one_run_that_says_so(killed_and_resum
     tags = run.data.tags
     assert "ended without ending the run" in tags["hvdsync.ended_by"]   # the resumed job's launcher noticed
     assert tags["hvdsync.resumes"] == "1" and "after ending KILLED" in tags["hvdsync.resume.1"]
+    # Epoch 0 from the killed job, epoch 1 from the resumed one: continuous by step, each once.
     assert _epochs(client, run.info.run_id) == [0, 1]
+    assert result["history"][0]["epoch"] == 0               # the resumed job carries the killed one's history on
