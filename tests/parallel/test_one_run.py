@@ -6,9 +6,9 @@ does not exist before the job, real SIGKILLs.
   metrics once, the reset and the lost host in its tags. The store is new: the launcher created it before any worker
   started, so the killed rank 0 could not leave it half-created; it opens afterwards.
 * A job killed whole (launcher and workers, SIGKILL) once its first epoch is committed, then resumed with
-  ``--resume``: the resumed job's launcher finds
-  the killed job's run still ``RUNNING``, ends it ``KILLED`` (a tag says who noticed), and continues it, because its
-  checkpoint names it: still one run, its tags count the resume, and it ends ``FINISHED`` with each epoch once.
+  ``--resume``: the resumed job's launcher finds the killed job's run still ``RUNNING``, ends it ``KILLED`` (a tag
+  says who noticed), and continues it, because its checkpoint names it: still one run, its tags count the resume, and
+  it ends ``FINISHED`` with each epoch once (the first from the killed job, the second from the resumed one).
 
 Kept short: 2 epochs of digits, 2 workers, one job per framework, one killed-and-resumed pair (PyTorch).
 """
