@@ -33,6 +33,7 @@ if [ ! -f "$stamp" ]; then
   # pip's own chatter is kept out of the way; errors still show.
   "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
   "$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$extras]"
+  [ ! -f hvdlab/pyproject.toml ] || "$py" -m pip install --quiet --disable-pip-version-check --no-deps -e ./hvdlab  # the lab; Docker has none
   rm -f "$VENV"/.hvdsync-deps-*; touch "$stamp"
 fi
 

@@ -2,8 +2,11 @@
 import os
 import pathlib
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
+import zipfile
 
 import yaml
 from packaging.requirements import Requirement
@@ -122,3 +125,48 @@ def test_no_file_carries_a_machine_absolute_path():
                                                                           ".ipynb", "Makefile", ".txt"))
                  and pattern.search((ROOT / f).read_text(errors="replace"))]
     assert offenders == []
+
+
+# -- the product and the lab: two distributions ---------------------------------------------------------------------
+
+def _lab_project() -> dict:
+    return tomllib.loads((ROOT / "hvdlab" / "pyproject.toml").read_text())
+
+
+def test_the_lab_lists_every_package_folder_and_is_released_with_the_product():
+    lab = _lab_project()
+    folders = sorted(".".join(("hvdlab",) + p.parent.relative_to(ROOT / "hvdlab").parts)
+                     for p in (ROOT / "hvdlab").rglob("__init__.py") if "__pycache__" not in p.parts)
+    assert sorted(lab["tool"]["setuptools"]["packages"]) == folders
+    product = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert lab["project"]["version"] == product["version"]
+    assert Requirement(next(r for r in lab["project"]["dependencies"] if r.startswith("hvdsync"))).specifier.contains(
+        product["version"])
+
+
+def test_make_install_installs_the_lab_beside_the_product():
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert re.search(r'pip install .*--no-deps -e \./hvdlab', install)
+    assert "-e ./hvdlab" in (ROOT / "environment.yml").read_text()
+
+
+def test_the_products_wheel_has_no_lab_and_the_labs_wheel_only_the_lab(tmp_path):
+    # Built from copies (pip builds in the source folder, and the checkout stays clean), without isolation: the
+    # venv's setuptools, no network.
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "hvdsync", tmp_path / "hvdsync", ignore=skip)
+    shutil.copytree(ROOT / "hvdlab", tmp_path / "lab", ignore=skip)
+    (tmp_path / "hvdlab").mkdir()  # a folder of that name beside the product's config must not pull the lab in
+    (tmp_path / "hvdlab" / "__init__.py").write_text("")
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                          "--wheel-dir", str(tmp_path / "wheels"), str(tmp_path), str(tmp_path / "lab")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    tops = {}
+    for wheel in (tmp_path / "wheels").glob("*.whl"):
+        names = zipfile.ZipFile(wheel).namelist()
+        tops[wheel.name.split("-")[0]] = sorted({n.split("/")[0] for n in names if ".dist-info/" not in n})
+        assert all(n.endswith(".py") for n in names if ".dist-info/" not in n), wheel.name
+    assert tops == {"hvdsync": ["hvdsync"], "hvdlab": ["hvdlab"]}
