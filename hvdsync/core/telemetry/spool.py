@@ -214,7 +214,11 @@ def replay(client, spool: Spool, record: dict) -> dict:
 
     op = record["op"]
     if op == "start":
-        if record.get("run_id"):  # continuing an existing run (an elastic job's new rank 0, a resumed job)
+        if record.get("run_id"):  # continuing an existing run (the launcher's, an elastic job's new rank 0, ...)
+            # Its tags too (the framework, the caller's own); not the spool's name, which would only name the last.
+            tags = {k: v for k, v in (record.get("tags") or {}).items() if k != "hvdsync.spool"}
+            if tags:
+                client.log_batch(record["run_id"], tags=[RunTag(k, str(v)) for k, v in tags.items()])
             return {"run_id": record["run_id"]}
         exp = client.get_experiment_by_name(record["experiment"])
         exp_id = exp.experiment_id if exp else _create_experiment(client, record["experiment"])
