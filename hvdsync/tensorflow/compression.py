@@ -5,9 +5,10 @@ mirroring ``hvdsync/torch/compression.py``. Both reducers work eagerly and insid
 
 * :class:`CastReducer` (``none``, ``fp16``, ``bf16``): one ``hvd.grouped_allreduce`` of the core codec's
   ``encode``d tensors, ``decode``d after (what :class:`CodecCompressor`, Horovod's ``compression=`` hook, does).
-* :class:`CodecReducer` (top-k, rand-k, int8, PowerSGD): the core's driver runs the codec; each round's requests
-  become one grouped all-reduce and a batch of allgathers. The codec state lives in ``tf.Variable`` slots, created
-  eagerly here (a ``tf.function`` may only create variables on its first trace) and carried between graph runs.
+* :class:`CodecReducer` (top-k, rand-k, int8, PowerSGD): the core's reducer (:mod:`hvdsync.core.comm.reducer`)
+  runs the codec and counts; each round becomes one grouped all-reduce and a grouped allgather per dtype here
+  (:class:`TFCollectives`). The codec state lives in ``tf.Variable`` slots, created eagerly here (a ``tf.function``
+  may only create variables on its first trace) and carried between graph runs.
 
 Inside a ``tf.function`` Python code runs once, when the function is traced, not at every call: a plain
 ``counter.record(...)`` would count one round however many steps ran. So the record is a ``tf.py_function``, an op
@@ -24,7 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
-from hvdsync.core.comm.codecs import Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, reduce_all
+from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec
+from hvdsync.core.comm.reducer import CodecReducer as _CoreReducer
+from hvdsync.core.comm.reducer import Collectives
 
 
 def record_on_wire(counter: WireCounter, tensor: tf.Tensor, gradients: int = 1) -> None:
@@ -186,36 +189,52 @@ class CastReducer:
         return [codec.decode(ops, r, g.dtype.name) for r, g in zip(hvd.grouped_allreduce(wire, op=self.op), grads)]
 
 
-class CodecReducer:
-    """Combines gradients across ranks with a reducing codec; holds the codec's per-parameter state.
+class TFCollectives(Collectives):
+    """Horovod's TensorFlow calls for :class:`~hvdsync.core.comm.reducer.CodecReducer`'s rounds (eagerly and inside
+    ``tf.function``): the all-reduces in one grouped call, the allgathers in one grouped call per dtype (TensorFlow's
+    grouped op takes one dtype: a negotiation per dtype, not one per tensor); counts as ops of the graph
+    (:func:`record_all_on_wire`), which run at every run of a traced step."""
 
-    Args:
-        codec: a reducing codec or its config name (``"topk:0.01"``).
-        shapes: the shapes of the gradients :meth:`reduce` will get, in order (the same on every rank).
-        sync: a :class:`~hvdsync.config.SyncConfig` (op, error feedback).
-        counter: records every tensor handed to Horovod (values and indices, scales, factors).
-        seed: the global seed (rand-k positions and PowerSGD's first Q are drawn from it, alike on every rank).
+    timed = False  # traced into a graph: Python's clock would time the tracing, not the step
 
-    ``state.state_dict()`` / ``state.load_state_dict()`` save and restore residuals, step counters and Q.
-    """
+    def __init__(self) -> None:
+        self.size, self.rank = hvd.size(), hvd.rank()
+
+    def round(self, index: int, reduce: list, gather: list, average: bool) -> tuple[list, list]:
+        name = f"hvdsync_codec_{index}"
+        reduced = list(hvd.grouped_allreduce(reduce, op=hvd.Average if average else hvd.Sum)) if reduce else []
+        gathered: list = [None] * len(gather)
+        by_dtype: dict = {}
+        for i, t in enumerate(gather):
+            by_dtype.setdefault(t.dtype.name, []).append(i)
+        for dtype, at in by_dtype.items():
+            for i, t in zip(at, hvd.grouped_allgather([gather[i] for i in at], name=f"{name}_gather_{dtype}")):
+                gathered[i] = t
+        return reduced, gathered
+
+    def record(self, counter: WireCounter, tensors: list) -> None:
+        record_all_on_wire(counter, tensors, gradients=0)
+
+    def count_gradients(self, counter: WireCounter, n: int) -> None:
+        tf.py_function(lambda: counter.add_gradients(n) or [], [], [])  # runs at every graph run (see above)
+
+
+class CodecReducer(_CoreReducer):
+    """:class:`hvdsync.core.comm.reducer.CodecReducer` on TensorFlow kernels (:class:`TFOps`) and Horovod's
+    TensorFlow collectives (:class:`TFCollectives`), plus loss scaling: ``loss_scale`` is set by
+    :class:`hvdsync.tensorflow.precision.MixedPrecision` under fp16 (a callable returning the loss scale). The
+    arguments are the core's, but ``ops`` and ``collectives``."""
 
     def __init__(self, codec: Codec | str, shapes: Sequence[tuple[int, ...]], sync, counter: WireCounter | None = None,
                  seed: int = 0) -> None:
-        self.codec = get_codec(codec) if isinstance(codec, str) else codec
-        self.ops = TFOps()
-        self.counter = counter if counter is not None else WireCounter()
-        self.state = CodecState(self.codec, shapes, self.ops, seed)
-        self.op = hvd.Average if sync.op == "average" else hvd.Sum
-        self.ctx = ReduceContext(hvd.size(), sync.op == "average", sync.error_feedback, seed, hvd.rank())
-        # Set by hvdsync.tensorflow.precision.MixedPrecision under fp16: a callable returning the loss scale.
+        super().__init__(codec, shapes, sync, TFOps(), TFCollectives(), counter, seed)
         self.loss_scale = None
-        self._round = 0
 
     def reduce(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """The combined gradients, identical on every rank. Every rank must call it, with the same shapes."""
         grads = [tf.convert_to_tensor(g) for g in grads]
         if self.loss_scale is None:
-            return self._reduce(grads)
+            return super().reduce(grads)
         # Under loss scaling a step may overflow. Then the codec must not run (its residuals and Q would take the
         # inf for good): every rank learns whether any rank overflowed, and all hand the gradients back as they are
         # (the loss-scale optimizer's all-reduced check then skips the update everywhere). Otherwise the codec
@@ -223,37 +242,9 @@ class CodecReducer:
         scale = self.loss_scale()
         bad = hvd.allreduce(tf.reshape(tf.cast(tf.logical_not(self.ops.all_finite(grads)), tf.float32), [1]),
                             op=hvd.Max, name="hvdsync.codec.overflow")
-        return tf.cond(tf.equal(bad[0], 0.0), lambda: [g * scale for g in self._reduce([g / scale for g in grads])],
+        return tf.cond(tf.equal(bad[0], 0.0),
+                       lambda: [g * scale for g in super(CodecReducer, self).reduce([g / scale for g in grads])],
                        lambda: list(grads))
-
-    def _reduce(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        self._round = 0
-        out = reduce_all(self.codec, self.ops, grads, self.state, self.ctx, self._execute)
-        n = len(grads)
-        tf.py_function(lambda: self.counter.add_gradients(n) or [], [], [])  # runs at every graph run (see above)
-        return out
-
-    def _execute(self, requests: list) -> list[tf.Tensor]:
-        name = f"hvdsync_codec_{self._round}"
-        self._round += 1
-        record_all_on_wire(self.counter, [r.tensor for r in requests], gradients=0)
-        results: list = [None] * len(requests)
-        reduce_at = [i for i, r in enumerate(requests) if isinstance(r, Allreduce)]
-        if reduce_at:
-            reduced = hvd.grouped_allreduce([requests[i].tensor for i in reduce_at], op=self.op)
-            for i, t in zip(reduce_at, reduced):
-                results[i] = t
-        # One grouped allgather per round and dtype (the torch adapter's one group; TensorFlow's grouped op takes
-        # one dtype): a negotiation per dtype, not one per tensor.
-        by_dtype: dict = {}
-        for i, r in enumerate(requests):
-            if not isinstance(r, Allreduce):
-                by_dtype.setdefault(r.tensor.dtype.name, []).append(i)
-        for dtype, at in by_dtype.items():
-            gathered = hvd.grouped_allgather([requests[i].tensor for i in at], name=f"{name}_gather_{dtype}")
-            for i, t in zip(at, gathered):
-                results[i] = t
-        return results
 
 
 def take_sgd_momentum(optimizer, codec: Codec) -> bool:

@@ -8,8 +8,8 @@ The maths of every codec is in :mod:`hvdsync.core.comm.codecs`; here are only to
   :class:`~hvdsync.core.comm.codecs.WireCounter` records it.
 * The other codecs (top-k, rand-k, int8, PowerSGD) send other shapes (values and indices, factors), which
   Horovod's hook cannot do. :class:`CodecOptimizer` reduces after the backward pass, in ``synchronize()``, through
-  :class:`CodecReducer`: the core's driver runs the codec, and each round's requests become one grouped all-reduce
-  and a batch of allgathers.
+  :class:`CodecReducer`: the core's reducer (:mod:`hvdsync.core.comm.reducer`) runs the codec and counts, and
+  each round becomes one grouped all-reduce and one grouped allgather here (:class:`TorchCollectives`).
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from typing import Iterable, Sequence
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.comm.codecs import (Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, mix_seed,
-                                 reduce_all)
+from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec, mix_seed
+from hvdsync.core.comm.reducer import CodecReducer as _CoreReducer
+from hvdsync.core.comm.reducer import Collectives
 from hvdsync.torch.sparse import densify
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -217,69 +218,50 @@ class CodecCompressor:
         return self.codec.decode(self.ops, tensor, ctx)
 
 
-class CodecReducer:
-    """Combines gradients across ranks with a reducing codec; holds the codec's per-parameter state.
+def _as_list(done) -> list:
+    return list(done) if isinstance(done, (list, tuple)) else [done]
 
-    Args:
-        codec: a reducing codec or its config name (``"topk:0.01"``).
-        shapes: the shapes of the gradients :meth:`reduce` will get, in order (the same on every rank).
-        sync: a :class:`~hvdsync.config.SyncConfig` (op, error feedback).
-        counter: records every tensor handed to Horovod (values and indices, scales, factors).
-        seed: the global seed (rand-k positions and PowerSGD's first Q are drawn from it, alike on every rank).
 
-    ``state.state_dict()`` / ``state.load_state_dict()`` save and restore residuals, step counters and Q.
-    """
+class TorchCollectives(Collectives):
+    """Horovod's PyTorch calls for :class:`~hvdsync.core.comm.reducer.CodecReducer`'s rounds: the all-reduces in one
+    grouped request and the allgathers in another, both in flight before either is waited for; counts recorded
+    eagerly, the codec's time by the clock."""
+
+    timed = True
+
+    def __init__(self) -> None:
+        self.size, self.rank = hvd.size(), hvd.rank()
+
+    def round(self, index: int, reduce: list, gather: list, average: bool) -> tuple[list, list]:
+        name = f"hvdsync.codec.{index}"
+        handles = []
+        if reduce:
+            # One grouped request: Horovod fuses the round's all-reduces into as few transfers as the buffer allows.
+            handles.append(hvd.grouped_allreduce_async([t.contiguous() for t in reduce], name=name,
+                                                       op=hvd.Average if average else hvd.Sum))
+        if gather:
+            # The allgathers too in one grouped request (values and indices of every tensor): one negotiation for
+            # the round, not one per tensor (8 per step for a 2-layer model's top-k).
+            handles.append(hvd.grouped_allgather_async([t.contiguous() for t in gather], name=f"{name}.gather"))
+        done = [_as_list(hvd.synchronize(h)) for h in handles]
+        return (done.pop(0) if reduce else []), (done.pop(0) if gather else [])
+
+    def record(self, counter: WireCounter, tensors: list) -> None:
+        for t in tensors:
+            counter.record(t.numel(), t.element_size(), _dtype_name(t.dtype), gradients=0)
+
+    def count_gradients(self, counter: WireCounter, n: int) -> None:
+        counter.add_gradients(n)
+
+
+class CodecReducer(_CoreReducer):
+    """:class:`hvdsync.core.comm.reducer.CodecReducer` on torch kernels (:class:`TorchOps` on ``device``) and
+    Horovod's PyTorch collectives (:class:`TorchCollectives`); the arguments are the core's, but ``ops`` and
+    ``collectives``."""
 
     def __init__(self, codec: Codec | str, shapes: Sequence[tuple[int, ...]], sync, counter: WireCounter | None = None,
                  seed: int = 0, device: torch.device | str = "cpu") -> None:
-        self.codec = get_codec(codec) if isinstance(codec, str) else codec
-        self.ops = TorchOps(device)
-        self.counter = counter if counter is not None else WireCounter()
-        self.state = CodecState(self.codec, shapes, self.ops, seed)
-        self.op = hvd.Average if sync.op == "average" else hvd.Sum
-        self.ctx = ReduceContext(hvd.size(), sync.op == "average", sync.error_feedback, seed, hvd.rank())
-        self._round = 0
-
-    def reduce(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The combined gradients, identical on every rank. Every rank must call it, with the same shapes."""
-        self._round, self._collective_s = 0, 0.0
-        start = time.perf_counter()
-        out = reduce_all(self.codec, self.ops, list(grads), self.state, self.ctx, self._execute)
-        # The codec's own work: all of it but the rounds of collectives (handing over, waiting, collecting).
-        self.counter.add_codec_time(time.perf_counter() - start - self._collective_s)
-        self.counter.add_gradients(len(grads))
-        return out
-
-    def _execute(self, requests: list) -> list[torch.Tensor]:
-        start = time.perf_counter()
-        try:
-            return self._collectives(requests)
-        finally:
-            self._collective_s += time.perf_counter() - start
-
-    def _collectives(self, requests: list) -> list[torch.Tensor]:
-        name = f"hvdsync.codec.{self._round}"
-        self._round += 1
-        for r in requests:
-            self.counter.record(r.tensor.numel(), r.tensor.element_size(), _dtype_name(r.tensor.dtype), gradients=0)
-        reduce_at = [i for i, r in enumerate(requests) if isinstance(r, Allreduce)]
-        results: list = [None] * len(requests)
-        handles = []
-        if reduce_at:
-            # One grouped request: Horovod fuses the round's all-reduces into as few transfers as the buffer allows.
-            handles.append((reduce_at, hvd.grouped_allreduce_async([requests[i].tensor.contiguous() for i in reduce_at],
-                                                                   name=name, op=self.op)))
-        gather_at = [i for i, r in enumerate(requests) if not isinstance(r, Allreduce)]
-        if gather_at:
-            # The allgathers too in one grouped request (values and indices of every tensor): one negotiation for
-            # the round, not one per tensor (8 per step for a 2-layer model's top-k).
-            handles.append((gather_at, hvd.grouped_allgather_async([requests[i].tensor.contiguous() for i in gather_at],
-                                                                   name=f"{name}.gather")))
-        for at, handle in handles:
-            done = hvd.synchronize(handle)
-            for i, t in zip(at, done if isinstance(done, (list, tuple)) else [done]):
-                results[i] = t
-        return results
+        super().__init__(codec, shapes, sync, TorchOps(device), TorchCollectives(), counter, seed)
 
 
 def take_sgd_momentum(optimizer: torch.optim.Optimizer, codec: Codec, parameters: Sequence) -> list[float] | None:
