@@ -43,9 +43,18 @@ def _pin_gpu(info: WorkerInfo, device: str) -> None:
     index = gpu_placement(info.local_rank, info.local_size, **facts, device=device)
     if index is not None:
         check_nccl(index, hvd.nccl_built(), facts["framework"])
-        check_not_shared(index, info, facts["visible"], hvd.allgather_object)
-        tf.config.experimental.set_memory_growth(gpus[index], True)
-        tf.config.set_visible_devices(gpus[index], "GPU")
+        # Pinned first: the gather below is a TensorFlow op, and TensorFlow's first op fixes its devices (pinning after
+        # it raised "Physical devices cannot be modified after being initialized" on a GPU).
+        _use_only(gpus[index])
+        # On the CPU (Gloo): this checks for two ranks sharing one GPU, where NCCL would refuse, or hang in, the gather.
+        with tf.device("/CPU:0"):
+            check_not_shared(index, info, facts["visible"], hvd.allgather_object)
+
+
+def _use_only(gpu) -> None:
+    """This worker's one GPU, its memory grown on demand; TensorFlow allows both only before its first op."""
+    tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpu, "GPU")
 
 
 def _cuda_facts(visible: int) -> dict:

@@ -140,3 +140,47 @@ def test_the_cli_stops_a_cuda_run_at_init_with_the_line():
                            "--epochs", "1", "--no-track"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "hvdsync: train.device=cuda but torch " in proc.stderr + proc.stdout, proc.stderr[-2000:]
+
+
+def tensorflow_pins_before_gathering() -> dict:
+    """hvdsync.tensorflow's init on a stand-in GPU: TensorFlow's CPU, with its pinning replaced by a configuration that
+    TensorFlow, like set_visible_devices and set_memory_growth on a GPU, refuses once its first op has run (two logical
+    CPUs), and the shared-GPU check made to gather at one rank too (it gathers where CUDA_VISIBLE_DEVICES leaves fewer
+    GPUs than local ranks): Horovod's allgather_object, a TensorFlow op, which must come after the pinning."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvdsync.config import Config
+    from hvdsync.tensorflow import runtime
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    runtime.tf.config.list_physical_devices = lambda kind=None: [cpu]
+    runtime._cuda_facts = lambda visible: {"visible": visible, "framework": f"TensorFlow {tf.__version__}",
+                                           "cuda_build": "12.5", "cuda_visible_devices": None}
+    hvd.nccl_built = lambda: 1
+    calls = []
+
+    def pin(device):
+        tf.config.set_logical_device_configuration(device, [tf.config.LogicalDeviceConfiguration()] * 2)
+        calls.append("pin " + device.name)
+
+    def gather(index, info, visible, allgather_object):
+        calls.append(f"gathered {allgather_object(('host', str(index), None), name='placement')}")
+
+    runtime._use_only, runtime.check_not_shared = pin, gather
+    error = None
+    try:
+        runtime.init(Config.from_dict({"train": {"framework": "tensorflow"}}))
+    except RuntimeError as e:
+        error = str(e)
+    return {"error": error, "calls": calls, "logical_cpus": len(tf.config.list_logical_devices("CPU"))}
+
+
+def test_tensorflow_init_pins_its_gpu_before_its_first_collective():
+    # On a GPU the gather of each rank's GPU ran first and started TensorFlow's devices, and pinning then raised
+    # "Physical devices cannot be modified after being initialized". Here the same order meets the same rule of
+    # TensorFlow's ("Virtual devices cannot be modified after being initialized") on its CPU.
+    pytest.importorskip("horovod.tensorflow")
+    (r,) = launch.run(tensorflow_pins_before_gathering, np=1, progress=False, timeout=300)
+    assert r == {"error": None, "calls": ["pin /physical_device:CPU:0", "gathered [('host', '0', None)]"],
+                 "logical_cpus": 2}, r
