@@ -22,7 +22,6 @@ MODULES_ONLY_IN = {
                       "one grouped call after backward (sync.grouped_mb) is PyTorch's; TensorFlow's optimizer always "
                       "reduces in one grouped call",
         "schemes/ps.py": "sync.mode ps is implemented for PyTorch only (hvdsync.core.comm.schemes.MODES)",
-        "schemes/gossip.py": "sync.mode gossip is implemented for PyTorch only (hvdsync.core.comm.schemes.MODES)",
     },
     "tensorflow": {
         "callbacks.py": "Keras callbacks for model.fit (broadcast, metric average, warm-up, MLflow, elastic commits); "

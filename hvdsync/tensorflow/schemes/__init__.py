@@ -1,5 +1,5 @@
-"""``sync.mode`` for TensorFlow/Keras 3: local SGD built from Horovod's collectives (mirrors ``hvdsync/torch/schemes/``,
-file for file where the mode exists; parameter server and gossip are PyTorch's only).
+"""``sync.mode`` for TensorFlow/Keras 3: local SGD and gossip built from Horovod's collectives (mirrors
+``hvdsync/torch/schemes/``, file for file where the mode exists; the parameter server is PyTorch's only).
 
 :func:`hvdsync.tensorflow.distributed_optimizer` looks ``sync.mode`` up in :data:`SCHEMES` and, for any mode but
 ``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.schemes.base.DistributedOptimizer`.
@@ -11,6 +11,8 @@ When to communicate comes from :mod:`hvdsync.core.comm.schemes.local_sgd`; this 
   updates it then averages the trainable variables and the optimizer's slot variables (momentum, Adam's moments)
   in one ``hvd.grouped_allreduce``; with ``sync.warmup_steps`` the first updates all-reduce the gradients instead
   (post-local SGD).
+* :class:`GossipOptimizer` (``sync.mode: gossip``): every ``sync.period`` updates it first mixes the trainable
+  variables with the ring neighbours' (one ``hvd.alltoall``), then updates on the local gradients.
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import keras
 
 from hvdsync.core.comm.codecs import WireCounter, get_codec
 from hvdsync.tensorflow.schemes.base import DistributedOptimizer
+from hvdsync.tensorflow.schemes.gossip import GossipOptimizer
 from hvdsync.tensorflow.schemes.local_sgd import LocalSGDOptimizer
 
-SCHEMES: dict[str, type[DistributedOptimizer]] = {"local_sgd": LocalSGDOptimizer}
+SCHEMES: dict[str, type[DistributedOptimizer]] = {"local_sgd": LocalSGDOptimizer, "gossip": GossipOptimizer}
 
 
 def scheme_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model | None, sync,
@@ -42,4 +45,4 @@ def scheme_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Model |
     return wrapped
 
 
-__all__ = ["SCHEMES", "scheme_optimizer", "LocalSGDOptimizer"]
+__all__ = ["SCHEMES", "scheme_optimizer", "LocalSGDOptimizer", "GossipOptimizer"]

@@ -81,8 +81,8 @@ MODES: dict[str, Mode] = {
                      "updated there, parameters pulled back", ("torch",), ("average", "sum"), ("none", "fp16"),
                servers=True),
     "gossip": Mode("gossip", "decentralised averaging: each rank mixes its parameters with its ring neighbours "
-                             "(a parameter exchange, not a gradient codec)", ("torch",), ("average",), ("none",),
-                   periodic=True, lockstep=False),
+                             "(a parameter exchange, not a gradient codec)", ("torch", "tensorflow"), ("average",),
+                   ("none",), periodic=True, lockstep=False),
     # Parameters, not gradients, are averaged: a gradient codec has nothing to act on, and a sum of parameters is
     # no model. Accumulation is fine: it sums micro-batches inside one step, and steps are what the period counts.
     "local_sgd": Mode("local_sgd", "local SGD: every rank steps on its own gradients and the parameters (with the "
