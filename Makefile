@@ -15,9 +15,11 @@ demo: install
 	$(VENV)/bin/hvdsync train --framework tensorflow --np 2 --compression fp16 --accumulate 4
 	@echo "Both runs are recorded in ./mlflow.db: $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-# The multi-host tests (tests/hosts) need sshd and iproute2 from the system: installed here where this runs as root.
-test: install
+# The multi-host and Slurm tests (tests/hosts, tests/slurm) need sshd, iproute2, OpenMPI, Slurm and munge from the
+# system: installed here where this runs as root, BEFORE the environment, so that its one Horovod build has MPI.
+test:
 	bash scripts/install_test_hosts.sh
+	$(MAKE) --no-print-directory install
 	$(PY) -m pytest
 
 lab: install

@@ -23,6 +23,9 @@ def test_check_build_lists_pytorch_tensorflow_and_gloo():
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}).stdout
     for line in ("[X] TensorFlow", "[X] PyTorch", "[X] Gloo"):
         assert line in out, out
+    # Where an MPI is installed (make test installs Open MPI before building), the build has its controller too.
+    mpi = "[X] MPI" if shutil.which("mpicxx") and shutil.which("mpirun") else "[ ] MPI"
+    assert out.split("Available Controllers:")[1].split("Available Tensor Operations:")[0].count(mpi) == 1, out
 
 
 def test_cache_key_names_what_the_wheel_was_built_against(tmp_path):
@@ -245,3 +248,46 @@ def test_a_local_sdist_must_be_horovods_own(tmp_path):
         plan, err, rc = _plan({**env, "HVDSYNC_HOROVOD_SDIST": str(given)}, scripts)
         assert rc == 0, err
         assert plan["SDIST"] == str(other.resolve()) and plan["KEY"] == from_pypi["KEY"]
+
+
+def _fake_mpi(env, banner: str | None) -> None:
+    """An MPI on the made-up environment's PATH: mpicxx, and an mpirun whose --version prints ``banner`` (None: no
+    MPI at all)."""
+    bare = pathlib.Path(env["PATH"])
+    for tool in ("mpicxx", "mpirun"):
+        (bare / tool).unlink(missing_ok=True)
+    if banner is None:
+        return
+    (bare / "mpicxx").write_text("#!/bin/sh\nexit 0\n")
+    (bare / "mpirun").write_text("#!/bin/sh\ncat <<'EOF'\n" + banner + "\nEOF\n")
+    for tool in ("mpicxx", "mpirun"):
+        (bare / tool).chmod(0o755)
+
+
+def test_mpi_is_built_beside_gloo_where_an_mpi_is_found_and_named_in_the_key(tmp_path):
+    env = _fake_env(tmp_path, torch=CPU_TORCH, nccl=False)
+    plan, err, rc = _plan(env)
+    assert rc == 0 and plan["MPI"] == "none" and plan["HOROVOD_WITHOUT_MPI"] == "1", err
+    without = plan["KEY"]
+    assert "mpi" not in without                                         # no MPI: the key it always had
+    _fake_mpi(env, "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/")
+    plan, err, rc = _plan(env)
+    assert rc == 0 and plan["MPI"] == "openmpi4.1.4" and plan["HOROVOD_WITH_MPI"] == "1", err
+    assert plan["KEY"] == without.replace("-cpu-gcc", "-cpu-openmpi4.1.4-gcc")
+    _fake_mpi(env, "HYDRA build details:\n    Version:                                 4.0.2\n    Release Date: x")
+    assert _plan(env)[0]["KEY"] == without.replace("-cpu-gcc", "-cpu-mpich4.0.2-gcc")
+    # off: Gloo only, the key of a machine without MPI; on: an MPI or one line.
+    plan = _plan({**env, "HVDSYNC_HOROVOD_MPI": "off"})[0]
+    assert plan["KEY"] == without and plan["HOROVOD_WITHOUT_MPI"] == "1" and plan["MPI"] == "none"
+    _fake_mpi(env, "some other launcher 1.0")
+    plan, err, rc = _plan(env)
+    assert rc == 0 and plan["KEY"] == without and err == ""             # auto: an unknown MPI is left out
+    _, err, rc = _plan({**env, "HVDSYNC_HOROVOD_MPI": "on"})
+    assert rc == 2 and err.count("\n") == 1 and "names neither Open MPI nor MPICH" in err, err
+    _fake_mpi(env, None)
+    _, err, rc = _plan({**env, "HVDSYNC_HOROVOD_MPI": "on"})
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "HVDSYNC_HOROVOD_MPI=on, but this is missing: an MPI: no mpicxx and mpirun on PATH (Debian: apt-get " \
+           "install openmpi-bin libopenmpi-dev)" in err
+    _, err, rc = _plan({**env, "HVDSYNC_HOROVOD_MPI": "yes"})
+    assert rc == 2 and "HVDSYNC_HOROVOD_MPI: 'yes' is not allowed; choose one of: auto, on, off" in err
