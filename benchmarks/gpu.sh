@@ -176,13 +176,13 @@ phase() {
   local name="$1" cap="$2" left t0 rc=0; shift 2
   left=$(( start + TOTAL_S - $(date +%s) ))
   [ "$left" -lt "$cap" ] && cap="$left"
-  if [ "$cap" -le 0 ]; then say "$name: no time left of the run's $TOTAL_S s"; failed="$failed $name"; return 1; fi
-  say "$name (at most $cap s)"
+  if [ "$cap" -le 0 ]; then say "$name: no time left of the run's $TOTAL_S s" >&2; failed="$failed $name"; return 1; fi
+  say "$name (at most $cap s)" >&2
   t0=$(date +%s)
   timeout --kill-after=10 "$cap" "$@" || rc=$?
-  printf '%s %s %s\n' "$name" "$(( $(date +%s) - t0 ))" "$rc" >> "$work/timings.txt"
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then say "$name: stopped at its limit of $cap s"; fi
-  [ "$rc" = 0 ] || { failed="$failed $name"; say "$name failed (status $rc)"; }
+  printf '%s=%s s, status %s\n' "$name" "$(( $(date +%s) - t0 ))" "$rc" >> "$work/timings.txt"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then say "$name: stopped at its limit of $cap s" >&2; fi
+  [ "$rc" = 0 ] || { failed="$failed $name"; say "$name failed (status $rc)" >&2; }
   return "$rc"
 }
 
@@ -198,7 +198,8 @@ make_env() {
     mapfile -t lack < <("$env/bin/python" benchmarks/gpu_node.py lacking "$bundle")
     if [ "${#lack[@]}" -gt 0 ] && [ -n "${lack[0]}" ]; then
       echo "installing ${#lack[@]} carried wheel(s) the node lacks: ${lack[*]##*/}"
-      "$env/bin/python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps "${lack[@]}"
+      # --no-compile: bytecode is written on first import instead; compiling scipy alone took a minute here.
+      "$env/bin/python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile "${lack[@]}"
     fi
   fi
   # What the run imports, checked now rather than in the middle of the tests. A rehearsal's empty bundle carries
@@ -235,6 +236,14 @@ else
   phase check 60 bash -c "'$work/env/bin/horovodrun' --check-build | tee '$work/check-build.txt'
     grep -q '\[X\] NCCL' '$work/check-build.txt' && grep -q '\[X\] PyTorch' '$work/check-build.txt' \
     || { echo 'horovodrun --check-build does not list NCCL and PyTorch'; exit 1; }" || true
+  # What the record must hold beside the node's facts: the CUDA and NCCL that torch runs, Horovod's build key.
+  phase versions 60 "$envpy" -c 'import os, sys, torch
+nccl = torch.cuda.nccl.version()
+print(f"TORCH_CUDA_RUNTIME={torch.version.cuda}")
+print("NCCL_RUNTIME=" + (".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)))
+key = os.path.join(sys.prefix, "hvdsync-horovod-build-key")
+print("HOROVOD_BUILD_KEY=" + (open(key).read().strip() if os.path.exists(key) else "(none installed)"))' \
+    > "$work/versions.txt" || true
 fi
 
 # ---- the GPU tests: a skip is a failure here --------------------------------------------------------------------------
@@ -271,9 +280,11 @@ fi
 tracking="off: $(fact BUNDLE_TRACKING_WHY)"
 [ -z "$mlflow_on" ] || tracking="on: hvdsync train tracked in $work/mlruns ($(fact BUNDLE_TRACKING_WHY))"
 [ -n "$bundle" ] || tracking="off: no bundle given"
-"$py" benchmarks/gpu_node.py record "$out/record.json" node="$work/preflight.txt" plan="$work/plan.txt" \
-  check_build="$work/check-build.txt" timings="$work/timings.txt" bundle="${bundle:+$bundle/MANIFEST.json}" \
-  tracking="$tracking" failed="${failed# }" rehearsal="${rehearse:+yes}"
+items=(node="$work/preflight.txt" plan="$work/plan.txt" timings="$work/timings.txt" tracking="$tracking"
+       failed="${failed# }" rehearsal="${rehearse:+yes}")
+for f in versions check-build; do [ ! -f "$work/$f.txt" ] || items+=("${f/-/_}=$work/$f.txt"); done
+[ -z "$bundle" ] || items+=(bundle="$bundle/MANIFEST.json")
+"$py" benchmarks/gpu_node.py record "$out/record.json" "${items[@]}"
 nfiles="$(find "$out" -type f | wc -l)"
 [ "$nfiles" -le 8 ] || { say "error: $nfiles result files in $out, over the 8 that come back"; failed="$failed files"; }
 took=$(( $(date +%s) - start ))
@@ -283,7 +294,7 @@ if [ -n "$rehearse" ]; then
   # 90 s of bench (4 contenders x 5 repetitions of 50 ResNet-18 steps, the proofs, the sweep), 20 s of train.
   ntests="$(grep -o 'tests="[0-9]*"' "$out/tests-gpu.xml" | head -n 1 | tr -dc 0-9)"
   refused="$(grep -c 'HVDSYNC_REQUIRE_GPU=1: this GPU test would have been skipped' "$out/tests-gpu.txt" || true)"
-  measured="$(awk '{s += $2} END {print s + 0}' "$work/timings.txt")"
+  measured="$(sed 's/^[^=]*=\([0-9]*\) s.*/\1/' "$work/timings.txt" | awk '{s += $1} END {print s + 0}')"
   predicted=$(( measured + 120 + 5 * ${ntests:-0} + 90 + 20 ))
   [ "${ntests:-0}" -gt 0 ] && [ "$refused" -ge "${ntests:-0}" ] || failed="$failed tests-not-refused"
   say "rehearsed in $took s: preflight (stub node: $(fact GPUS) GPU(s), driver CUDA $(fact DRIVER_CUDA), torch CUDA $(fact TORCH_CUDA), nvcc $(fact NVCC_CUDA)), env, plan ($(sed -n 's/^GPU=//p' "$work/plan.txt")), build skipped, ${ntests:-0} GPU tests collected and ${refused} refused without a GPU, bench's command line, record ($nfiles files); bundle ${bundle_kind:-$bundle}; the real run is predicted to take ~$(( (predicted + 59) / 60 )) min ($predicted s; at most $TOTAL_S s by its phase limits)${failed:+; FAILED:$failed}"

@@ -225,7 +225,7 @@ def record(path: Path, items: list[str]) -> None:
             except ValueError:
                 lines = text.splitlines()
                 pairs = [line.partition("=") for line in lines]
-                rec[key] = ({k: v for k, _, v in pairs} if lines and all(re.fullmatch(r"[A-Z_0-9]+", k) and s
+                rec[key] = ({k: v for k, _, v in pairs} if lines and all(re.fullmatch(r"[A-Za-z_0-9-]+", k) and s
                                                                            for k, s, _ in pairs) else lines)
         else:
             rec[key] = value

@@ -12,7 +12,7 @@
 #                    them must come from the bundle, as on the node
 # The node's facts are arguments, so the tests can stage the mismatches the preflight must catch:
 #   bash tests/gpu/rehearsal/stub_node.sh DIR [--gpus N] [--driver-cuda X.Y] [--nvcc X.Y] [--torch-cuda X.Y]
-#                                             [--packages-from SITE]
+#                                             [--packages-from SITE]     (--torch-cuda cpu: torch's CPU build)
 set -euo pipefail
 dir="$1"; shift
 gpus=1 driver=580.95.05 driver_cuda=13.0 nvcc=13.0 torch_cuda=13.0 torch=2.11.0 packages=""
@@ -71,14 +71,17 @@ if [ ! -x "$dir/node/bin/python" ]; then
   python3 -m venv --without-pip "$dir/node"
 fi
 site="$("$dir/node/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-mkdir -p "$site/torch" "$site/torch-$torch+cu${torch_cuda/./}.dist-info" "$site/nvidia/nccl/include" "$site/nvidia/nccl/lib"
+# --torch-cuda cpu: torch's CPU build (version.py's cuda is None), the mistake the preflight must name.
+local_version="+cu${torch_cuda/./}" cuda_value="'$torch_cuda'"
+[ "$torch_cuda" != cpu ] || { local_version="+cpu"; cuda_value=None; }
+mkdir -p "$site/torch" "$site/torch-$torch$local_version.dist-info" "$site/nvidia/nccl/include" "$site/nvidia/nccl/lib"
 cat > "$site/torch/__init__.py" <<'PY'
 raise ImportError("the GPU rehearsal's stand-in for torch: its files say what a CUDA build says, it runs nothing")
 PY
-printf "__version__ = '%s'\ncuda: Optional[str] = '%s'\n" "$torch+cu${torch_cuda/./}" "$torch_cuda" > "$site/torch/version.py"
-printf 'Metadata-Version: 2.1\nName: torch\nVersion: %s\n' "$torch+cu${torch_cuda/./}" \
-  > "$site/torch-$torch+cu${torch_cuda/./}.dist-info/METADATA"
-: > "$site/torch-$torch+cu${torch_cuda/./}.dist-info/RECORD"
+printf "__version__ = '%s'\ncuda: Optional[str] = %s\n" "$torch$local_version" "$cuda_value" > "$site/torch/version.py"
+printf 'Metadata-Version: 2.1\nName: torch\nVersion: %s\n' "$torch$local_version" \
+  > "$site/torch-$torch$local_version.dist-info/METADATA"
+: > "$site/torch-$torch$local_version.dist-info/RECORD"
 printf '#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 7\n' > "$site/nvidia/nccl/include/nccl.h"
 : > "$site/nvidia/nccl/lib/libnccl.so.2"
 if [ -n "$packages" ]; then
