@@ -1,8 +1,10 @@
 """Run tracking in MLflow: one run per job, written by rank 0; a metric is never lost and never slows training.
 
-Rank 0 owns the run (the other ranks' figures reach it through Horovod collectives, see
+Rank 0 writes the run (the other ranks' figures reach it through Horovod collectives, see
 :mod:`hvdsync.core.telemetry.observe`); it writes through ``mlflow.MlflowClient`` with an explicit run id, never MLflow's
-global "active run", whose ``atexit`` hook would end the run when any process holding it exits.
+global "active run", whose ``atexit`` hook would end the run when any process holding it exits. Under hvdsync's
+launchers the run is the job's, made by the launcher before any worker starts and named in ``HVDSYNC_RUN_ID``
+(:mod:`hvdsync.core.telemetry.jobrun`): whichever process is rank 0, after any elastic reset, writes into it.
 
 Every call goes to a local spool first (:mod:`hvdsync.core.telemetry.spool`, a file under ``tracking.spool_dir``) and returns
 at once; a separate low-priority process (:mod:`hvdsync.core.telemetry.sender`) sends the spool to the store, with a short
