@@ -113,21 +113,35 @@ plt.show()
 # %% [markdown]
 # ## 2 · The same model on GPU-cluster fabrics
 #
-# Vendors' per-direction bandwidths (NVIDIA H100/H200 datasheets: NVLink 4 at 900 GB/s both ways per GPU; PCI-SIG:
-# PCIe 4.0/5.0 x16 at ~32/64 GB/s per direction; NVIDIA ConnectX-7 user manual: InfiniBand NDR 400 Gb/s, HDR/NDR200
-# 200 Gb/s; IEEE 802.3: 100 and 25 Gb Ethernet) and order-of-magnitude latencies, in
-# `hvdlab.costmodel.FABRICS`. Below: the predicted time to all-reduce ResNet-50's gradients (25.6 M float32
-# parameters, 102 MB) on 8 and 64 ranks by a ring and by a single parameter server, with the reduction treated as
-# free (on a GPU it runs at HBM speed, terabytes per second, far above any link). This task had no multi-GPU
-# machine to measure on: these are predictions from cited figures, not measurements.
+# Vendors' bandwidths **per direction**, which is what a ring step's send uses (NVIDIA H100/H200 datasheets: NVLink 4
+# 900 GB/s per GPU, which counts both directions, so 450 GB/s each way; PCI-SIG: PCIe 4.0/5.0 x16 at ~32/64 GB/s per
+# direction; NVIDIA ConnectX-7 user manual: InfiniBand NDR 400 Gb/s, HDR/NDR200 200 Gb/s; IEEE 802.3: 100 and 25 Gb
+# Ethernet) and order-of-magnitude latencies, in `hvdlab.costmodel.FABRICS`. Below: the predicted time to
+# all-reduce ResNet-50's gradients (25.6 M float32 parameters, 102 MB) by a ring and by a single parameter server,
+# with the reduction treated as free (on a GPU it runs at HBM speed, terabytes per second, far above any link).
+# NVLink and PCIe connect the GPUs **inside one node**: an HGX H100/H200 board's NVLink/NVSwitch domain is its 8
+# GPUs, so those rows are modelled at 8 ranks only; 64 ranks are 8 such nodes, joined by the fabrics between nodes
+# (InfiniBand, RoCE, Ethernet), which are modelled at 8 and 64. This task had no multi-GPU machine to measure on:
+# these are predictions from cited figures, not measurements.
 
 # %%
 MODEL = 25_557_032 * 4
 rows = {n: costmodel.fabric_table(MODEL, n, patterns=("ring", "ps")) for n in (8, 64)}
 here = {"ring": costmodel.predict("ring", MODEL, 8, link), "ps": costmodel.predict("ps", MODEL, 8, link)}
+INSIDE_A_NODE = ("NVLink", "PCIe")    # links between the GPUs of one node: 8 GPUs on an HGX board
 print(f"{'fabric':40} | ring x8 | ring x64 | one server x64  (ms, ResNet-50 fp32)")
 for r8, r64 in zip(rows[8], rows[64]):
-    print(f"{r8['fabric']:40} | {r8['ring'] * 1e3:7.2f} | {r64['ring'] * 1e3:8.2f} | {r64['ps'] * 1e3:10.1f}")
+    if r8["fabric"].startswith(INSIDE_A_NODE):
+        print(f"{r8['fabric']:40} | {r8['ring'] * 1e3:7.2f} | {'-':>8} | {'-':>10}   (one node: 8 GPUs at most)")
+    else:
+        print(f"{r8['fabric']:40} | {r8['ring'] * 1e3:7.2f} | {r64['ring'] * 1e3:8.2f} | {r64['ps'] * 1e3:10.1f}")
+nvlink = costmodel.FABRICS[0]
+# The model takes NVLink 4 per direction: 900 GB/s per GPU is both directions added.
+assert nvlink.name.startswith("NVLink 4") and nvlink.bandwidth == 900e9 / 2
+ring8 = 2 * 7 * nvlink.alpha + 2 * 7 / 8 * MODEL / nvlink.bandwidth
+assert abs(rows[8][0]["ring"] - ring8) < 1e-12, "the NVLink row is the ring formula at 450 GB/s per direction"
+print(f"NVLink 4: {nvlink.bandwidth / 1e9:.0f} GB/s per direction (900 GB/s counts both); ring of 8: "
+      f"{ring8 * 1e3:.3f} ms = 2·7·alpha + 2·7/8·S / 450 GB/s")
 print(f"{'this machine (fitted loopback), x8':40} | {here['ring'] * 1e3:7.1f} |")
 names = [r["fabric"].split(" (")[0] for r in rows[8]] + ["this machine"]
 values = [r["ring"] * 1e3 for r in rows[8]] + [here["ring"] * 1e3]
@@ -204,8 +218,9 @@ assert slow["none"] > 3 * free["none"] and slow["fp16"] < 0.75 * slow["none"]
 # * A collective's time is latency × steps + bytes / bandwidth (+ the cost of adding): the alpha-beta-gamma model,
 #   fitted on this machine from a handful of all-reduces, predicts the others within the factor printed above.
 # * On one host Horovod's Gloo ring is bounded by loopback TCP and memory copies: the bandwidth fitted above. For
-#   comparison, nominal link rates (vendors' figures, not measured here): NVLink 4 900 GB/s per GPU, InfiniBand
-#   NDR 50 GB/s, 25 GbE 3.1 GB/s per direction.
+#   comparison, nominal link rates per direction (vendors' figures, not measured here): NVLink 4 450 GB/s (its
+#   900 GB/s per GPU counts both directions) among the 8 GPUs of one HGX node, InfiniBand NDR 50 GB/s and 25 GbE
+#   3.1 GB/s between nodes.
 # * The ring's bandwidth term hardly grows with the number of ranks; a single server's does (notebook 04).
 # * NCCL on GPUs, Gloo on CPUs: same algorithms, different links and where the adds happen.
 # * Over a real bandwidth limit the bytes are the step: in the record above, the fp32 step at the slowest rate is

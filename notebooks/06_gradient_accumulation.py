@@ -25,7 +25,7 @@
 # > * the effective batch grows by k: the learning rate and the number of steps per epoch change with it (and
 # >   batch-norm statistics still see only the micro-batch).
 # >
-# > **Shown here:** section 1 the loss scale; section 2 accumulate = 1, 2, 4, 8 giving the same parameters with
+# > **Shown here:** section 1 the averaging factor; section 2 accumulate = 1, 2, 4, 8 giving the same parameters with
 # > one all-reduce per optimizer step (counted) and the same bytes; section 3 the throughput of batch 8, 4 × 8
 # > accumulated and 32.
 #
@@ -40,9 +40,11 @@
 #
 # Two details decide whether the result is really the big-batch step:
 #
-# * **the loss scale.** Backward passes *add* into the gradient, so each micro-batch's summed loss must be divided by
-#   the number of samples in the whole global step — not by its own size, which would weigh k micro-batches k times
-#   as much as one batch of the same samples (`hvdsync.core.train.scaling.loss_scale`);
+# * **the averaging factor.** Backward passes *add* into the gradient, so each micro-batch's summed loss must be
+#   divided by the number of samples in the whole global step — not by its own size, which would weigh k
+#   micro-batches k times as much as one batch of the same samples. hvdsync computes this factor in
+#   `hvdsync.core.train.scaling.loss_scale`; it is a fixed 1/global-count for averaging, **not** the mixed-precision
+#   "loss scale" of notebook 09 (a large, dynamic multiplier that keeps float16 gradients in range);
 # * **when to synchronise.** The all-reduce must wait for the last micro-batch: Horovod's
 #   `backward_passes_per_step=k`, which hvdsync sets from `sync.accumulate`. Every rank must run the same number of
 #   micro-steps, or one rank's all-reduce waits forever (the shard plan guarantees it, notebook 02).
@@ -66,7 +68,7 @@ print(f"SGD with momentum {cfg.train.momentum}, lr {cfg.train.lr}; {cfg.train.np
       f"samples per step")
 
 # %% [markdown]
-# ## 1 · The loss scale
+# ## 1 · The averaging factor (hvdsync's `loss_scale`, not fp16's loss scale)
 #
 # With 2 workers × 32 samples a step holds 64 samples. Whatever the number of micro-batches, every micro-batch's
 # summed loss is multiplied by the same factor; Horovod's `average` then divides the sum over ranks by 2, which the

@@ -32,17 +32,23 @@
 #
 # * **float16**: 5 exponent bits, 10 mantissa bits. Fine rounding, but a narrow range: the largest value is
 #   65,504 and values below ~6e-5 lose precision (below ~6e-8 they become 0). Small gradients *underflow*, so the
-#   loss is multiplied by a **loss scale** before the backward pass (the gradients move up into range) and the
+#   loss is multiplied by a **loss scale** (in this notebook always this large, dynamic fp16 multiplier, `GradScaler`'s
+#   scale; not the fixed 1/global-count averaging factor of notebook 06, which hvdsync's code calls `loss_scale` and
+#   which is named `mean_factor` below) before the backward pass (the gradients move up into range) and the
 #   gradients are divided by it before the update. Too large a scale *overflows* to inf; so the scale is
 #   **dynamic**: a step whose gradients hold an inf or nan is skipped and the scale halved; after a run of good
 #   steps it is doubled (PyTorch's `GradScaler`, Keras' `LossScaleOptimizer`).
 # * **bfloat16**: 8 exponent bits (float32's range), 7 mantissa bits. Nothing underflows that float32 keeps,
 #   so no loss scale is needed; it rounds more coarsely.
 #
-# With several workers one more thing matters: **the skip must be the same on every rank**. If one rank's
-# gradients overflow and it skips while the other steps, the two hold different models from then on — silently.
-# hvdsync all-reduces the decision ("did any rank overflow?") before stepping, in both frameworks
-# (`train.precision: fp16`; `hvdsync/torch/precision.py`, `hvdsync/tensorflow/precision.py`).
+# With several workers one more thing matters: **the skip must be the same on every rank**. Usually it is by
+# itself: an inf in one rank's gradient *before* the all-reduce is summed into every rank's gradient, so every
+# rank's `GradScaler` sees it and skips (§4 measures this). It is not when a non-finite value reaches one rank only,
+# *after* the exchange (that rank's own post-processing, or an exchange that does not carry it, such as a codec
+# that drops or clamps it): that rank skips while the other steps, and the two hold different models from then on —
+# silently. hvdsync all-reduces the decision ("did any rank overflow?") before stepping, in both frameworks
+# (`train.precision: fp16`; `hvdsync/torch/precision.py`, `hvdsync/tensorflow/precision.py`), so the case is
+# covered whichever way the inf arrives.
 
 # %%
 import time
@@ -141,12 +147,15 @@ assert fp16["wire"]["bytes"] == fp32["wire"]["bytes"], "fp16 compute alone still
 # %% [markdown]
 # ## 4 · One rank overflows
 #
-# Now the case the all-reduced decision is for. Each worker builds the fp16 model; at step 3 only rank 0's
-# gradients are made non-finite (`inject_overflow`, a test hook standing in for a real overflow on one rank).
+# Each worker builds the fp16 model, and at step 3 only rank 0 overflows, in one of two places:
 #
-# * **hvdsync** (`MixedPrecision.step`): both ranks skip step 3 and halve the scale;
-# * **the naive recipe** (Horovod + `GradScaler` as in single-process code: synchronize, `scaler.step`,
-#   `scaler.update`, each rank deciding alone): rank 0 skips, rank 1 steps — and the models part ways.
+# * **before the all-reduce**: rank 0's loss is multiplied by inf for its last micro-batch, so its backward produces
+#   non-finite gradients, as a real fp16 overflow in backward does. With **the naive recipe** (Horovod +
+#   `GradScaler` as in single-process code: synchronize, `scaler.step`, `scaler.update`, each rank deciding alone)
+#   the all-reduce carries the inf to rank 1, both ranks skip and halve their scale, and the models stay equal;
+# * **after the all-reduce**: rank 0's reduced gradient is made non-finite (`inject_overflow`, a test hook
+#   standing in for a non-finite value that reaches one rank only). **hvdsync** (`MixedPrecision.step`): both ranks
+#   skip step 3 and halve the scale. **The naive recipe**: rank 0 skips, rank 1 steps — and the models part ways.
 
 # %%
 def overflow_demo(steps=8, at=3):
@@ -162,7 +171,7 @@ def overflow_demo(steps=8, at=3):
 
     cfg = Config.from_dict({"train": {"precision": "fp16"}, "tracking": {"enabled": False}})
     out = {}
-    for recipe in ("hvdsync", "naive"):
+    for recipe in ("hvdsync", "naive, inf before", "naive"):
         ht.init(cfg)
         data = datasets.load(cfg.data, cfg.train.seed)
         backend = ht.build(cfg, data)
@@ -171,20 +180,24 @@ def overflow_demo(steps=8, at=3):
         rows = []
         for i, step in enumerate(plan.epoch(0, hvd.rank())[:steps]):
             micro = [(data.x_train[m], data.y_train[m]) for m in step.micro]
-            scale = loss_scale(step.global_count, hvd.size(), "average")
+            # 1/global-count: makes the summed losses a global mean (notebook 06); not the fp16 loss scale.
+            mean_factor = loss_scale(step.global_count, hvd.size(), "average")
+            overflow_here = i == at and hvd.rank() == 0
             if recipe == "hvdsync":
-                if i == at and hvd.rank() == 0:
+                if overflow_here:
                     mp.inject_overflow()
-                backend.train_step(micro, scale)
+                backend.train_step(micro, mean_factor)
             else:
                 opt.zero_grad()
-                for x, y in micro:
+                for j, (x, y) in enumerate(micro):
                     with mp.autocast():
                         loss = torch.nn.functional.cross_entropy(backend.model(torch.as_tensor(x)),
                                                                  torch.as_tensor(y), reduction="sum")
-                    mp.backward(loss * scale)
+                    if overflow_here and recipe == "naive, inf before" and j == len(micro) - 1:
+                        loss = loss * float("inf")    # rank 0's backward overflows, before any exchange
+                    mp.backward(loss * mean_factor)
                 opt.synchronize()
-                if i == at and hvd.rank() == 0:
+                if overflow_here and recipe == "naive":
                     next(backend.model.parameters()).grad.view(-1)[0] = float("inf")
                 mp.scaler.unscale_(opt)
                 with opt.skip_synchronize():
@@ -197,7 +210,7 @@ def overflow_demo(steps=8, at=3):
 
 
 demo = launch.run(overflow_demo, np=2, progress=False)
-for recipe in ("hvdsync", "naive"):
+for recipe in ("hvdsync", "naive, inf before", "naive"):
     print(recipe)
     for i, (r0, r1) in enumerate(zip(demo[0][recipe], demo[1][recipe])):
         print(f"  step {i}: scale rank 0 {r0['scale']:>8.0f}, rank 1 {r1['scale']:>8.0f}; "
@@ -206,18 +219,21 @@ good, naive = demo[0]["hvdsync"], demo[0]["naive"]
 assert all(r["spread"] == 0.0 for r in good), "hvdsync: identical ranks after every step"
 assert [r["scale"] for r in demo[0]["hvdsync"]] == [r["scale"] for r in demo[1]["hvdsync"]]
 assert good[3]["scale"] == good[2]["scale"] / 2, "the scale was halved on both ranks"
-assert naive[-1]["spread"] > 0, "the naive recipe let the ranks diverge"
+assert naive[-1]["spread"] > 0, "the naive recipe, inf after the exchange on one rank: the ranks diverge"
+before = [demo[rank]["naive, inf before"] for rank in (0, 1)]
+assert all(r["spread"] == 0.0 for r in before[0]), "an inf before the all-reduce reaches both ranks: no divergence"
+assert before[0][3]["scale"] == before[1][3]["scale"] == before[0][2]["scale"] / 2, "both GradScalers skipped"
 
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
 steps = range(len(good))
-for recipe, style in (("hvdsync", "-o"), ("naive", "--x")):
+for recipe, style in (("hvdsync", "-o"), ("naive, inf before", ":s"), ("naive", "--x")):
     for rank in (0, 1):
         a1.plot(steps, [r["scale"] for r in demo[rank][recipe]], style, label=f"{recipe}, rank {rank}")
     a2.plot(steps, [max(r["spread"], 1e-12) for r in demo[0][recipe]], style, label=recipe)
 a1.set_yscale("log", base=2)
 a1.set_xlabel("step")
 a1.set_ylabel("loss scale")
-a1.set_title("Rank 0 overflows at step 3")
+a1.set_title("Rank 0 overflows at step 3 (naive: inf after the exchange)")
 a1.legend(fontsize=7)
 a2.set_yscale("log")
 a2.set_xlabel("step")
@@ -240,8 +256,10 @@ plt.show()
 #   after a run of good steps (`GradScaler`'s growth interval, 2,000 by default) it doubles, which these 8 steps
 #   do not reach.
 # * **With several ranks, skip together.** Each rank's `GradScaler` (or `LossScaleOptimizer`) decides from its own
-#   gradients; one rank overflowing alone then makes the ranks diverge for good (measured above). hvdsync
-#   all-reduces the decision, so both ranks skipped, halved their scale, and kept identical parameters.
+#   gradients. An overflow in one rank's backward is carried to every rank by the all-reduce, so even the naive
+#   recipe skips on both (asserted in §4). A non-finite value that reaches one rank only, after the exchange, makes
+#   the naive ranks diverge for good (asserted in §4); hvdsync all-reduces the decision, so both ranks skipped,
+#   halved their scale, and kept identical parameters either way.
 # * **Codecs and loss scaling:** with top-k, int8 or PowerSGD hvdsync skips the codec on an overflowed step (its
 #   residuals would take the inf) and runs it on the unscaled gradient, so residuals keep their meaning when the
 #   scale changes (checked with a forced overflow on one rank by `tests/parallel/test_codecs.py`, not in this

@@ -232,9 +232,10 @@ assert len(grads) >= 4 and "horovod/timeline.png" in files
 # * Profile per rank and per phase before tuning: `rank/<r>/<phase>_seconds` and `rank/<r>/comm_share` in the
 #   job's MLflow run show which link of the chain is slow, and on which rank.
 # * Each all-reduce pays a latency whatever its size: the smallest model sent ~64x fewer bytes, yet its all-reduce
-#   wait was not even 6x shorter (asserted in §2). So the smaller the model, the larger the share of its step that
-#   waits on communication; in this run: the shares printed in §2 (on a shared machine, waiting for the other rank
-#   blurs them). Fewer, larger all-reduces (tensor fusion, `sync.accumulate`) are the knob for that; compression is the
+#   wait was not even 6x shorter (asserted in §2). That is why small models *tend* to spend a larger share of their
+#   step waiting on communication; it is a tendency, not a law (their compute shrinks too, and on a shared machine
+#   waiting for the other rank blurs it): §2 prints the shares, and whether the smaller model's was the larger, for
+#   this run. Fewer, larger all-reduces (tensor fusion, `sync.accumulate`) are the knob for that; compression is the
 #   knob when the *bytes* dominate (large models, slow links).
 # * Close the loop: one knob at a time, and the same profile before and after. In §3 accumulating 4 micro-batches
 #   per all-reduce cut the all-reduces per sample about 4x (counted, asserted); whether that lowered the

@@ -43,7 +43,10 @@
 # and a long ring mixes slowly.
 #
 # hvdsync runs it for real (`sync.mode: gossip`, `sync.period: H`) with `hvd.alltoall` to the neighbours
-# (`hvdsync/torch/schemes/gossip.py`). With W = 2 both neighbours are the same rank and one mixing is an exact average,
+# (`hvdsync/torch/schemes/gossip.py`): each rank sends bytes to its two neighbours only, but `hvd.alltoall` is a
+# **global** collective that every rank enters and Horovod negotiates among all of them, so as built here a mixing
+# still waits for the slowest rank of the job, like an all-reduce. Gossip's other promise, that a rank waits only
+# for its neighbours, needs point-to-point exchanges (or neighbour-only process sets) and is not shown here. With W = 2 both neighbours are the same rank and one mixing is an exact average,
 # so 4, 8 and 16 ranks come from the numpy simulation of the same algorithm (`hvdlab.sim`), whose
 # one round is checked against the Horovod one at W = 2 in the test suite.
 
@@ -236,8 +239,9 @@ plt.show()
 # ## What to take away
 #
 # * Gossip replaces the global all-reduce by an exchange with two neighbours (section 1, by hand and checked
-#   against the package): the bytes per rank stay constant as the world grows (asserted in section 4), and a rank
-#   waits only for its neighbours, not for the slowest rank of the whole job.
+#   against the package): the bytes per rank stay constant as the world grows (asserted in section 4). In the
+#   literature a rank then waits only for its neighbours; hvdsync's gossip does not give that, because its
+#   exchange is `hvd.alltoall`, a collective of every rank, which waits for the slowest one (not measured here).
 # * The ranks no longer hold the same model; every mixing shrinks their consensus distance, local steps grow it.
 #   Mixing every step (H = 1) or every few steps keeps it small enough that accuracy stays close to all-reduce
 #   (within 2 points after the same epochs, asserted in section 2).
