@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdsync.core.telemetry.spool import default_spool_dir
-from hvdsync.core.telemetry.store import StoreError, prepare_store
+from hvdsync.core.telemetry.store import HTTP_ENV, StoreError, prepare_store, resolve_uri
 
 RUN_ID_ENV = "HVDSYNC_RUN_ID"
 JOB_ENV = "HVDSYNC_JOB"
@@ -48,8 +48,6 @@ def status_for(exc: BaseException | None) -> str:
 
 def _client(uri: str):
     import mlflow
-
-    from hvdsync.core.telemetry.tracking import HTTP_ENV
 
     for key, value in HTTP_ENV.items():  # a dead server costs seconds here, not MLflow's minutes of retries
         os.environ.setdefault(key, value)
@@ -106,8 +104,6 @@ def begin(tracking, tags: dict[str, Any], continue_run: str | None = None) -> Jo
         tags: the run's first tags (framework, launcher, elastic).
         continue_run: the run a resumed job goes on with (from its checkpoint); reopened as ``RUNNING``.
     """
-    from hvdsync.core.telemetry.tracking import resolve_uri
-
     if tracking is None or not tracking.enabled:
         return None
     key = uuid.uuid4().hex

@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from hvdsync.core.telemetry.spool import Spool, next_batch, pending_spools, push, send
+from hvdsync.core.telemetry.spool import (Spool, next_batch, pending_spools, push, remove_delivered_continuations,
+                                          send)
 from hvdsync.core.telemetry.store import StoreError, prepare_store
 
 
@@ -93,6 +94,7 @@ def run(spool_path: str, uri: str, retries: int = 3, probe_seconds: float = 2.0)
                 state["earlier"] += push(old, client)["sent"]
             except Exception:  # noqa: BLE001 - locked by a live run, or refused: leave it for later
                 continue
+        remove_delivered_continuations(spool.path.parent, uri, exclude=spool.path)
         _status(spool, **state)
 
     while True:

@@ -179,6 +179,25 @@ def pending_spools(spool_dir: str | Path, uri: str, exclude: Path | None = None)
     return out
 
 
+def remove_delivered_continuations(spool_dir: str | Path, uri: str, exclude: Path | None = None) -> int:
+    """Remove the spools in ``spool_dir`` of rank 0s that died while writing into a run another process made (an
+    elastic job's rank 0 before a reset): every record delivered, and no end to come (the launcher ends that run),
+    so nothing else would ever remove them. A spool some process still holds is left alone. Returns how many."""
+    removed = 0
+    for path in sorted(Path(spool_dir).glob("*.jsonl")):
+        spool = Spool(path)
+        first = next(spool.records(), None)
+        if path == exclude or not first or not first.get("run_id") or first.get("uri") != uri or spool.pending():
+            continue
+        with spool.locked() as mine:
+            if mine:
+                spool.remove()
+                for suffix in (".status", ".log"):
+                    path.with_suffix(suffix).unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
 # ---- sending to MLflow ------------------------------------------------------------------------------------------
 def next_batch(records) -> list[dict]:
     """The records to send in one request from the head of ``records`` (a sequence): consecutive metrics records

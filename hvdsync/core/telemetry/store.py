@@ -28,6 +28,29 @@ from pathlib import Path
 from typing import Iterator
 
 
+# MLflow's REST client retries 7 times with backoff and waits up to 120 s per attempt: minutes per call on a dead
+# server. The sender asks for one short attempt per call and does its own (bounded) retrying; set by the tracking
+# process only, and only where the user has not chosen values.
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+            # and no "View run at ..." line on the user's terminal when the run ends
+            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+
+
+def resolve_uri(uri: str) -> str:
+    """The tracking URI ``uri`` stands for, made absolute (so a later ``runs push`` from another folder finds the
+    same store): empty means MLflow's own default (``MLFLOW_TRACKING_URI`` or its local database)."""
+    import mlflow
+
+    uri = uri or mlflow.get_tracking_uri()
+    for prefix in ("sqlite:///", "file://"):
+        path = uri[len(prefix):]
+        if uri.startswith(prefix) and path and not path.startswith("/"):
+            return prefix + str(Path(path).resolve())
+    if "://" not in uri:  # a bare folder: MLflow's file store
+        return str(Path(uri).resolve())
+    return uri
+
+
 class StoreError(RuntimeError):
     """The store cannot be used as it is; the message is one line naming the file and what to do."""
 

@@ -30,20 +30,14 @@ from hvdsync.core.telemetry.monitor import warn_line
 from hvdsync.core.telemetry.record import mask_url_passwords
 from hvdsync.core.telemetry import sender
 from hvdsync.core.telemetry.spool import Spool, default_spool_dir
+# Defined with the store (the launcher's side uses them too); this module's names for them stay.
+from hvdsync.core.telemetry.store import HTTP_ENV, resolve_uri  # noqa: F401 - re-exported
 
 # The metric names every run records per epoch and at the end (the cross-framework test checks both frameworks log
 # these); per-step, per-rank, monitor and system metrics come on top (see hvdsync.core.telemetry.observe).
 EPOCH_METRICS = ("train_loss", "test_accuracy", "epoch_seconds", "samples_per_second", "step_seconds_max_rank",
                  "step_seconds_min_rank")
 FINAL_METRICS = ("final_test_accuracy", "wire_bytes", "allreduce_rounds", "total_seconds")
-
-# MLflow's REST client retries 7 times with backoff and waits up to 120 s per attempt: minutes per call on a dead
-# server. The sender asks for one short attempt per call and does its own (bounded) retrying; set by the tracking
-# process only, and only where the user has not chosen values.
-HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
-            # and no "View run at ..." line on the user's terminal when the run ends
-            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
-
 
 class TrackingWarning(UserWarning):
     """The MLflow store did not answer; the run's records are kept in the spool."""
@@ -68,21 +62,6 @@ class Tracker:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
     def finish(self, status: str = "FINISHED") -> None: ...
-
-
-def resolve_uri(uri: str) -> str:
-    """The tracking URI ``uri`` stands for, made absolute (so a later ``runs push`` from another folder finds the
-    same store): empty means MLflow's own default (``MLFLOW_TRACKING_URI`` or its local database)."""
-    import mlflow
-
-    uri = uri or mlflow.get_tracking_uri()
-    for prefix in ("sqlite:///", "file://"):
-        path = uri[len(prefix):]
-        if uri.startswith(prefix) and path and not path.startswith("/"):
-            return prefix + str(Path(path).resolve())
-    if "://" not in uri:  # a bare folder: MLflow's file store
-        return str(Path(uri).resolve())
-    return uri
 
 
 class MLflowTracker(Tracker):
