@@ -3,10 +3,11 @@
     hvdsync train --framework torch --np 2 [--compression fp16] [--accumulate 4] [--config run.yaml] [--set k=v]
     hvdsync train --hosts a:2,b:2 --np 4 [--network-interface eth0] [--ssh-port 22] [--ssh-identity-file KEY]
     hvdsync train --hostfile hosts.txt --np 4           # or --hosts slurm inside a Slurm allocation
+    srun --mpi=pmix hvdsync train [--np N]  # one rank per Slurm task, MPI, no ssh: hvdsync/launch/slurm.py
     hvdsync train --elastic --np 2 --min-np 1 --max-np 3 --checkpoint-dir DIR [--resume]
     hvdsync train --elastic --hosts a:2,b:2 --np 4 --min-np 2 --max-np 4 --network-interface eth0 --log-dir RUN
     hvdsync train --ray auto|HOST:PORT --np 4 [--elastic --min-np 2 --max-np 4]   # on a Ray cluster: launch/ray.py
-    hvdsync doctor            # what Horovod was built with (horovodrun --check-build) and the versions in use
+    hvdsync doctor            # what Horovod was built with (controllers, MPI, check-build) and the versions in use
     hvdsync runs list|compare|push|ui|reproduce ...      # recorded runs (see hvdsync/launch/runs.py)
     hvdsync sweep --set sync.compression=none,fp16 --set sync.accumulate=1,4 [train options]
 
@@ -92,6 +93,10 @@ def _train(ns: argparse.Namespace) -> int:
     from hvdsync import launch
 
     cfg = _config(ns)  # every config error surfaces here, before any worker starts
+    from hvdsync.launch import slurm
+
+    if slurm.in_step() and not (ns.hosts or ns.hostfile or ns.ray):
+        return _train_in_step(ns, cfg)
     where = _where(ns)
     os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
     if ns.ray:
@@ -113,10 +118,33 @@ def _train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _train_in_step(ns: argparse.Namespace, cfg: Config) -> int:
+    """This process is one task of an ``srun`` step: train as its rank, no launcher (hvdsync/launch/slurm.py)."""
+    from hvdsync.launch import slurm
+
+    if cfg.elastic.enabled:
+        raise ConfigError("--elastic is not allowed under srun: elastic jobs need Horovod's launcher (Gloo); run "
+                          "one `hvdsync train --elastic --hosts slurm` in the batch script instead")
+    given = [o.split("=", 1)[1] for o in ns.overrides if o.split("=", 1)[0].strip() == "train.np"]
+    np_given = cfg.train.np if ns.np is not None or given else None
+    try:
+        result = slurm.train_in_step(cfg, np_given)
+    except ConfigError:
+        if os.environ.get("SLURM_PROCID", "0") != "0":
+            return 2  # every task checks; task 0 alone says why, so the job's log has the line once
+        raise
+    if result.rank == 0:
+        for message in getattr(result, "warnings", []):
+            print(f"hvdsync: warning: {message}", file=sys.stderr)
+        print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
+    return 0
+
+
 def _doctor() -> int:
     from importlib import metadata
 
     from hvdsync.launch.local import horovod_frameworks
+    from hvdsync.launch.mpi import controllers
 
     for name in ("hvdsync", "horovod", "torch", "tensorflow-cpu", "tensorflow", "keras", "mlflow", "numpy"):
         try:
@@ -124,7 +152,12 @@ def _doctor() -> int:
         except metadata.PackageNotFoundError:
             pass
     print(f"{'built for':>15} {', '.join(horovod_frameworks()) or 'nothing (Horovod missing)'}")
-    return subprocess.call(["horovodrun", "--check-build"])
+    for name, value in controllers().items():
+        print(f"{name:>15} {value}")
+    # The environment's own horovodrun (beside this interpreter): a venv used without activating it has no
+    # horovodrun on PATH, or another environment's.
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return subprocess.call([beside if os.path.exists(beside) else "horovodrun", "--check-build"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,9 @@ SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 def _command(text):
     lines = text.replace("\\\n", " ").splitlines()
     line = next(x for x in lines if "hvdsync\" train" in x or "/hvdsync train" in x)
+    # What the script passes on unset (HVDSYNC_IFACE) or given at submission ("$@", the user's own options) is left
+    # out: the command as submitted without either.
+    line = re.sub(r'\$\{HVDSYNC_IFACE:\+[^}]*\}|"\$@"', "", line)
     return shlex.split(line.split("train", 1)[1])
 
 

@@ -71,7 +71,8 @@ class Observer(Callback):
             if self.cfg.tracking.enabled else []
         if b.rank == 0 and self.tracker.active:
             rec = record.build_record(self.cfg, b.framework, b.size)
-            self.tracker.log_params({**record.record_params(rec), **placement.placement_params(hosts)})
+            self.tracker.log_params({**record.record_params(rec), **placement.placement_params(hosts),
+                                     **placement.slurm_params()})
             with tempfile.TemporaryDirectory() as tmp:
                 for name, text in (("record.json", json.dumps(rec, indent=2)),
                                    ("config.yaml", _yaml(self.cfg.to_dict()))):
