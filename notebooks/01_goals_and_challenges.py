@@ -16,17 +16,23 @@
 # %% [markdown]
 # # 01 · 一、理解同步训练的根本目标与挑战 — Understanding the fundamental goals and challenges of synchronous training
 #
-# > **The guide's section covers:**
-# > * the goal: W workers that average their gradients every step train the same model as one process on the
-# >   whole global batch (consistency), only faster (throughput that grows with W);
-# > * the challenges: the communication every step pays, the slowest worker setting everyone's pace
-# >   (stragglers), keeping the replicas consistent (same start, disjoint data, correct loss scaling), and
-# >   fault tolerance (one failed worker stops a synchronous job, and failures become likely as W grows);
-# > * the trade-off between statistical efficiency (same steps as sequential SGD) and hardware efficiency (time
-# >   per step).
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 measures parallel = sequential step by step; section 2 the communication share of
-# > a step; section 3 a slow rank making the other one wait; section 4 the arithmetic of failures as a job grows.
+# > 1. The final goal: use parallel hardware to train faster while keeping training deterministic and reproducible:
+# >    whatever the number of workers, the model should come as close as possible to what sequential training on one
+# >    machine would give. → §1: 2 workers × batch B and 1 process × 2B take the same steps (parameters compared after
+# >    every step, asserted).
+# > 2. Challenge one, communication: workers exchanging gradients or parameters often pay large network or bus
+# >    latency. → §2: the share of each step spent in the all-reduce, measured per phase.
+# > 3. Challenge two, load balance: when workers run at different speeds, the fast must wait for the slow (the barrel
+# >    whose shortest stave sets the level). → §3: one rank slowed on purpose; the other rank's wait grows by about
+# >    the delay (measured).
+# > 4. Challenge three, fault tolerance: in long, large runs no single node's failure may bring the whole job down. →
+# >    §4: arithmetic only (the chance that one of N workers fails in a day, on a stated MTBF); notebook 10 kills real
+# >    workers.
+# > 5. Understanding these challenges is where designing a synchronisation scheme starts. → the take-aways name the
+# >    notebooks that take each challenge further.
 #
 # **The goal.** Synchronous data-parallel training splits every global batch among W workers. Each worker computes
 # the gradient of its share, the workers *all-reduce* (average) their gradients, and every worker applies the same

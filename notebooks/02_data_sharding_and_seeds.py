@@ -16,17 +16,20 @@
 # %% [markdown]
 # # 02 · 二、夯实数据预处理与加载的同步基础 — Laying a synchronised foundation for data preprocessing and loading
 #
-# > **The guide's section covers:**
-# > * shard the data so that every worker reads a different part of each epoch and the parts cover it
-# >   (a distributed sampler), with a new shuffle every epoch, the same on every worker;
-# > * equal step counts on every worker (uneven shards stall the all-reduce);
-# > * random seeds: the same where the workers must agree (model initialisation, the data order), different
-# >   where they must not (dropout, noise, augmentation);
-# > * parallel, prefetching data loaders so that reading never starves the step.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 the global plan; section 2 what per-rank shuffles lose (counted); section 3 the
-# > seeds; section 4 augmentation keyed by sample; section 5 two real workers reading disjoint shares, their seeds
-# > and augmentation compared; section 6 a prefetching `DataLoader` against one that reads in line, timed.
+# > 1. Synchronisation starts with the data: every worker (each GPU process, say) must get batches that are
+# >    independent and evenly sized. → §1 the global plan (`ShardPlan`); §5 two real workers read disjoint, equal
+# >    shares that cover the epoch (counted).
+# > 2. Usually done with one global random seed for the data set and a different sub-seed per worker. → §3: what must
+# >    be equal and what must differ; `rank_seed` derived from the global seed.
+# > 3. Loading needs a parallel data loader (the framework's multi-worker loading module). → §6: a `DataLoader` with
+# >    worker processes against one that reads in line, the wait per step timed.
+# > 4. Each worker loads on its own, but the partition must be decided globally, so that no sample is read twice or
+# >    missed. → §2: per-rank shuffles miss a share of the data (counted); §5 every sample once.
+# > 5. Preprocessing such as image augmentation keeps the same random logic on every worker: varied data, yet
+# >    reproducible. → §4: augmentation keyed by the sample (`sample_rng`) gives the same data on 1 and 2 workers.
 #
 # Notebook 01 showed that W workers × batch B take the same step as one process × batch W·B — *if* the W workers
 # together read exactly that global batch. This notebook is about the two things that decide what each worker

@@ -16,17 +16,24 @@
 # %% [markdown]
 # # 03 · 三、选择与配置同步训练的核心硬件架构 — Choosing and configuring the core hardware architecture for synchronous training
 #
-# > **The guide's section covers:**
-# > * what bounds a synchronous step: the compute, the collective, and under the collective the links' bandwidth
-# >   and latency;
-# > * the alpha-beta(-gamma) cost model of collectives, and fitting it to measurements;
-# > * interconnects: NVLink/NVSwitch and PCIe inside a node, InfiniBand, RoCE and Ethernet between nodes;
-# > * the communication libraries: NCCL on GPUs, Gloo (and MPI) on CPUs.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** this machine's cores, memory and loopback measured live; Horovod's all-reduce timed live and the
-# > model fitted to it; the model on vendors' fabric figures (predictions); and training between two test hosts over
-# > a link limited from 100 Mbit/s to unlimited, from a recorded run of `benchmarks/link.py` (step times, bytes on the
-# > link, the cost model's prediction).
+# > 1. Hardware carries the synchronisation; the usual set-ups are one machine with several GPUs, several machines
+# >    with several GPUs, and heterogeneous cloud clusters. → the first cells measure this one machine (cores,
+# >    memory, loopback); there is no GPU, second machine or cloud here: §3 stands in with two test hosts (recorded
+# >    run), and notebook 08 with workers of unequal speed.
+# > 2. Within one machine the GPUs share a fast bus with very low latency, which suits tightly coupled synchronisation
+# >    such as aggregating gradients through shared memory. → cannot run here (no GPU); §2 puts NVLink and PCIe
+# >    figures for one 8-GPU node into the cost model (predictions). Aggregation through shared memory inside a node,
+# >    and hierarchical all-reduce, are not shown yet.
+# > 3. Across machines, network bandwidth and latency become the bottleneck, and collective libraries tuned for
+# >    Ethernet or InfiniBand are needed. → §1 fits latency and bandwidth to Horovod's all-reduce measured here; §3
+# >    two test hosts over a rate-limited link (recorded); §2 InfiniBand and Ethernet figures in the model; §4 NCCL
+# >    against Gloo.
+# > 4. The hardware sets the ceiling of what a synchronisation algorithm can do: where bandwidth is scarce, prefer
+# >    strategies that communicate less often or send less. → §3: at the slowest rate the fp32 step is many times the
+# >    unlimited one and fp16's half the bytes cut it (recorded, asserted); notebooks 06, 13 and 15 do the rest.
 #
 # A synchronous step waits for its all-reduce, and the all-reduce is only as fast as the links it runs over. The
 # classic way to reason about it is the **alpha-beta(-gamma) model**: a message of m bytes costs `alpha + m·beta`

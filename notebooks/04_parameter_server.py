@@ -16,21 +16,23 @@
 # %% [markdown]
 # # 04 · 四、掌握参数服务器的经典同步范式 — Mastering the classic synchronous paradigm of the parameter server
 #
-# > **The guide's section covers:**
-# > * the architecture: servers hold the parameters (and the optimizer state); workers push gradients and pull
-# >   parameters every step;
-# > * the bottleneck: one server's link carries every worker's traffic, growing with the number of workers;
-# > * sharding the parameters over several servers, and hierarchical servers (aggregate within a machine first,
-# >   then across machines) to spread that load;
-# > * synchronous and asynchronous updates: asynchronous workers do not wait for each other, which also means a
-# >   lost or slow worker does not stop the others (fault tolerance), at the price of stale gradients;
-# > * how it compares with the ring all-reduce (notebook 05).
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 trains with hvdsync's sharded and single-server PS against the ring (same
-# > parameters); section 2 counts the bytes per rank and writes one push/update/pull round inline, checked
-# > against `hvdsync.core.comm.schemes.ps.ps_round`; section 3 times the patterns; section 4 counts what a
-# > two-level (hierarchical) server saves and measures, with threads, that an asynchronous server keeps going
-# > when a worker is lost while a synchronous step stops.
+# > 1. One or more central servers store and update the global parameters; many workers read the parameters, compute
+# >    gradients and upload them. → §1: `sync.mode: ps`, sharded and single-server, trained against the ring on 2
+# >    workers (same parameters).
+# > 2. Synchronisation happens after the workers push their gradients: the server waits for all of them (or a set
+# >    number), aggregates, updates the parameters and sends them back to every worker. → §2: one push/update/pull
+# >    round written inline and equal to the package's; waiting for only some workers: notebook 08 §4 (backup
+# >    workers).
+# > 3. Its strengths: clear logic, and fault tolerance that is comparatively easy to build. → §4: with threads, an
+# >    asynchronous server keeps going when a worker is lost, a synchronous step stops.
+# > 4. Its weakness: the central server can become the communication bottleneck. → §2: bytes per rank counted on 2
+# >    workers and, in a numpy simulation, at 4 and 8 ranks (the server's rank carries W/2 × a ring rank's bytes); §3
+# >    the patterns timed.
+# > 5. Ways to improve it: hierarchical parameter servers, and asynchronous updates to cut waiting. → §4: what a two-
+# >    level server saves (counted); asynchronous updates: §4 here and notebook 13.
 #
 # Before rings, data-parallel training synchronised through a **parameter server** (PS; Li et al., OSDI 2014):
 # the parameters live on servers; every step each worker **pushes** its gradient, the server adds the pushes and

@@ -16,18 +16,22 @@
 # %% [markdown]
 # # 05 · 五、精通基于集合通信的环同步算法 — Mastering the ring synchronisation algorithm built on collective communication
 #
-# > **The guide's section covers:**
-# > * the ring: n workers in a cycle, each talking only to its neighbour; a reduce-scatter then an all-gather,
-# >   2(n − 1) steps;
-# > * its traffic: 2(n − 1)/n · S per worker, bounded by 2S whatever n, every link busy and none overloaded,
-# >   against a parameter server whose link carries n · S;
-# > * its price: 2(n − 1) sequential steps, each with a start-up latency, so small messages are latency-bound
-# >   (hence tensor fusion, and tree or hierarchical variants in libraries such as NCCL);
-# > * the libraries that implement it (Horovod over NCCL, Gloo or MPI).
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 runs the ring step by step in numpy (`hvdlab.ring`) and checks it against the sum
-# > for awkward sizes; section 2 counts its bytes against the law and a parameter server; section 3 times
-# > Horovod's all-reduce on 2 workers from 64 KiB to 16 MiB, with the fixed cost and the bandwidth fitted.
+# > 1. Collective communication, the all-reduce above all, is the foundation of synchronisation in high-performance
+# >    computing today. → §3: Horovod's all-reduce on 2 workers from 64 KiB to 16 MiB, timed.
+# > 2. In the ring algorithm all workers are joined, logically, into a ring. → §1: the ring step by step in numpy
+# >    (`hvdlab.ring`).
+# > 3. Gradients are aggregated not through a central node but passed along between neighbours: each node adds what it
+# >    received to its own and hands it on to the next. → §1, checked against the plain sum for sizes the ring does
+# >    not divide.
+# > 4. After a number of rounds every node holds the whole sum. → §1 (2(n − 1) steps).
+# > 5. It removes the central bottleneck and uses the links evenly, which pays most when there are many nodes. → §2:
+# >    bytes per worker counted against 2(n − 1)/n · S and against a parameter server's n · S. Only 2 real
+# >    workers run here; larger n are the numpy ring.
+# > 6. The distributed back-ends of the main frameworks build such algorithms in. → §3 Horovod over Gloo; notebook 12a
+# >    PyTorch DDP; NCCL needs GPUs.
 #
 # Every synchronous step ends with an **all-reduce**: each of the n workers holds a gradient of S bytes, and each
 # must end up with the sum (or mean) of all n. The obvious design is a **parameter server**: every worker sends its

@@ -16,18 +16,20 @@
 # %% [markdown]
 # # 06 · 六、实施梯度累加以模拟更大批次训练 — Applying gradient accumulation to simulate training with larger batches
 #
-# > **The guide's section covers:**
-# > * accumulate the gradients of k micro-batches, then synchronise and step once: the large batch's step with
-# >   the memory of a small one;
-# > * scale each micro-batch's loss so that the accumulated gradient is the mean over the whole batch;
-# > * synchronise only after the last micro-batch (Horovod's `backward_passes_per_step`, DDP's `no_sync`), so
-# >   communication happens once per k backward passes;
-# > * the effective batch grows by k: the learning rate and the number of steps per epoch change with it (and
-# >   batch-norm statistics still see only the micro-batch).
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 the averaging factor; section 2 accumulate = 1, 2, 4, 8 giving the same parameters with
-# > one all-reduce per optimizer step (counted) and the same bytes; section 3 the throughput of batch 8, 4 × 8
-# > accumulated and 32.
+# > 1. One GPU's memory may not hold the batch size one would like. → stated, not measured here (this notebook does
+# >    not measure memory).
+# > 2. Gradient accumulation: each worker runs several small batches in a row without updating, adding their gradients
+# >    up locally. → §2: backward passes against optimizer steps (hvdsync's counters).
+# > 3. After the set number of batches, the accumulated gradient is synchronised once and the parameters updated. →
+# >    §2: one all-reduce per optimizer step (counted).
+# > 4. This equals training with a 'virtual batch' several times the real one. → §2: accumulate = 1, 2, 4, 8 over the
+# >    same samples give the same parameters; §1 the averaging factor that makes it so.
+# > 5. It eases the memory demand and synchronises a steadier large-batch gradient: an important tool when resources
+# >    are short. → §3: samples/s of batch 8, 4 × 8 accumulated and 32, measured; the memory saving is not measured
+# >    here.
 #
 # The gradient of a step is a mean over the global batch, and a mean can be computed in pieces. With
 # **gradient accumulation** each worker splits its share of the step into k *micro-batches*, runs forward and

@@ -16,20 +16,24 @@
 # %% [markdown]
 # # 07 · 七、优化通信与计算的重叠执行 — Optimising the overlapped execution of communication and computation
 #
-# > **The guide's section covers:**
-# > * start each gradient's all-reduce as soon as backward has produced it, so that communication runs while the
-# >   earlier layers are still being differentiated (Horovod's per-parameter hooks, DDP's buckets);
-# > * fuse small gradients into one buffer (tensor fusion / bucket size): fewer fixed costs, at the price of waiting
-# >   to fill the buffer;
-# > * the layers whose gradients come first (near the output) are the ones that can hide;
-# > * overlap the next batch's loading with the current step's compute and communication (prefetching);
-# > * measure the overlap (a timeline / profiler) instead of assuming it.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 computes the hidden share inline from Horovod's timeline and checks the package's
-# > `timeline.overlap` against it, for hooks vs after backward, two layer orders and fusion 0 / 64 MiB; section 2
-# > draws one step per tensor (ready vs reduced); section 3 is what **hvdsync does by default** (one grouped
-# > all-reduce after backward up to `sync.grouped_mb`, the hooks above it), measured on the same model; section 4
-# > loads the next batch while the step computes and all-reduces, measured.
+# > 1. Communication time in synchronous training is often pure overhead. → §1: how long the all-reduce runs per step,
+# >    from Horovod's timeline.
+# > 2. The most effective way to hide it is to overlap communication with computation. → §1: the share hidden behind
+# >    backward, Horovod's hooks against an all-reduce after backward.
+# > 3. Concretely, gradients can be moved to the communication buffer as soon as they are computed (the guide says
+# >    after the forward pass; they appear during backward), while part of the next layer's or the next batch's
+# >    computation runs. → §2: per tensor, when each gradient was ready and when it was reduced; §4 the next batch
+# >    loaded while the step runs.
+# > 4. Frameworks and communication libraries support such asynchronous operations. → §1 Horovod's per-parameter
+# >    hooks; §3 hvdsync's default and DDP's buckets (sizes read from the installed torch).
+# > 5. With careful pipelining, communication can be hidden almost entirely behind computation. → §1 prints the
+# >    largest share hidden in this run; on 2 shared CPU cores it is not complete, and a case built to hide nearly all
+# >    of it is not shown yet.
+# > 6. This needs a close understanding of the model's computation graph and of the hardware's data flow. → §2 and §1:
+# >    layer order decides when each gradient is ready (asserted on the ready stamps).
 #
 # Backward computes gradients from the last layer to the first. The last layer's gradient is final long before
 # backward is over, so its all-reduce can run *while* the earlier layers are still being differentiated. Horovod's

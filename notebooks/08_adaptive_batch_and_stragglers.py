@@ -16,16 +16,22 @@
 # %% [markdown]
 # # 08 · 八、配置动态批次大小与自适应同步策略 — Configuring dynamic batch sizes and adaptive synchronisation strategies
 #
-# **The guide's section covers:**
-# * a synchronous step waits for the slowest worker: stragglers set the pace of all;
-# * dividing the work by each worker's measured speed (dynamic per-worker batch sizes);
-# * growing the global batch during training (fewer synchronisations per epoch), with the learning rate following;
-# * semi-synchronous and backup-worker schemes: do not wait past a threshold, take the first N-1 of N gradients;
-# * a synchronisation frequency that adapts to the network (synchronise less often when communication is congested).
-#
-# **Shown here:** §1 the unequal cut on paper; §2 equal vs adaptive shares on 2 workers with one 2x slower (epoch
-# times, counted reads); §3 a growing batch (counted all-reduces, accuracy); §4 a backup worker (first N-1 of N
-# gradients) with measured gradient times; §5 local SGD whose period H follows the measured communication share.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
+# >
+# > 1. A static synchronisation strategy may not suit an environment that changes while training runs. → §2: one rank
+# >    2x slower than the other.
+# > 2. One advanced answer: dynamic batch sizes, or adaptive synchronisation. → §2 and §3 (a batch that grows during
+# >    training).
+# > 3. For example, watch each worker's speed and give a node that stays slow less data. → §2: shares set by measured
+# >    speed (`data.shares`), epoch time compared, every sample read once, identical parameters.
+# > 4. Or let the others go on without it past a threshold: a semi-synchronous strategy. → §4: a backup worker (the
+# >    first 5 of 6 gradients), simulated in one process on measured gradient times.
+# > 5. Another idea: change how often to synchronise with the network's congestion. → §5: a local-SGD period that
+# >    doubles when the exchange's share is high (the congestion simulated by a sleep).
+# > 6. These add some nondeterminism, but on heterogeneous or unsteady clusters raise throughput and resilience
+# >    markedly. → §4 prints the step time and accuracy change in this run; §2 shows adaptive shares with identical
+# >    parameters on both ranks.
 #
 # Synchronous data parallelism is lock-step: every global step ends in an all-reduce that waits for the *slowest*
 # rank. Two of the knobs that lock-step leaves free are how the global batch is divided among the ranks, and how

@@ -16,17 +16,19 @@
 # %% [markdown]
 # # 10 · 十、部署容错与弹性训练机制 — Deploying fault-tolerant and elastic training mechanisms
 #
-# **The guide's section covers:**
-# * one failed worker stalls a synchronous job: every all-reduce waits for every rank;
-# * checkpoints: save regularly, atomically, and resume from the last good one;
-# * elastic training: survivors continue on fewer workers, new workers join, without restarting the job;
-# * the data and the learning rate must follow the new number of workers;
-# * frameworks that provide it (Horovod Elastic, TorchElastic / torchrun).
-#
-# **Shown here:** §1 a worker killed with SIGKILL mid-epoch: the job shrinks to one worker and grows back to two
-# (recovery times printed, the grow-back asserted); §2 every sample read exactly once across the resizes, and equal
-# parameters; §3 every worker killed, a damaged newest checkpoint skipped, and the resumed job's start step read
-# from the job itself and asserted.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
+# >
+# > 1. Long, large runs must tolerate faults, and the synchronisation must be designed together with that. → §1.
+# > 2. The basic form: save checkpoints regularly. → §3: durable checkpoints (atomic, checksummed); every worker
+# >    killed, a damaged newest one skipped, the job resumed from the one before.
+# > 3. Elastic training goes further: when a node fails, detect it, move its work to healthy nodes and resume from the
+# >    latest synchronisation point, not from the start. → §1: a worker SIGKILLed mid-epoch, the job shrinks to one
+# >    and grows back; §2: its share re-cut over the survivors, every sample read once (counted).
+# > 4. The framework needs state snapshots and restore. → §1 commits in memory and the restore after a failure; §2
+# >    prints what a commit cost in this run.
+# > 5. Recent frameworks build this in and ride out common hardware and network faults. → Horovod Elastic, run through
+# >    `hvdsync.launch.elastic`; TorchElastic (`torchrun`) is named, not run.
 #
 # A synchronous job is only as alive as its slowest, or deadest, worker: every step ends in an all-reduce that waits
 # for every rank. Kill one process and, without help, the others wait in that all-reduce until a timeout, and the

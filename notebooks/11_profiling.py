@@ -16,16 +16,21 @@
 # %% [markdown]
 # # 11 · 十一、进行细致的性能剖析与瓶颈诊断 — Profiling performance in detail and diagnosing bottlenecks
 #
-# **The guide's section covers:**
-# * profile before tuning: find the bottleneck (data loading, compute, communication, the update);
-# * per-rank and per-phase timings, since one slow rank or one slow phase sets the pace of all;
-# * communication's share of a step, and why small models are latency-bound;
-# * the framework's own tools (here Horovod's timeline) to look inside the all-reduce;
-# * a loop: profile, change the one knob the profile points at, profile again and compare.
-#
-# **Shown here:** §1 three model sizes trained in one job; §2 where each step's time goes, per rank and phase, read
-# from MLflow (communication share by model size printed, the all-reduce's fixed latency asserted); §3 profile ->
-# tune -> re-profile on the smallest model; §4 Horovod's timeline per tensor.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
+# >
+# > 1. Once synchronisation works, measure its performance. → §1: three model sizes in one job.
+# > 2. Record with a profiler, per step, the time of the forward pass, backward pass, gradient synchronisation and
+# >    parameter update. → §2: per rank and phase (data, forward and backward together, sync wait, update) from the
+# >    MLflow run; forward and backward timed apart is not shown yet.
+# > 3. The profile shows the bottleneck: slow computation or long synchronisation waits. → §2: the share of the step
+# >    spent waiting, per model size.
+# > 4. If waiting dominates, find out whether bandwidth, latency or load imbalance causes it. → §2: the wait does not
+# >    shrink with the bytes (latency, asserted); §4 Horovod's timeline per tensor; imbalance: notebook 14 names the
+# >    slow rank.
+# > 5. Then change what the diagnosis points at: network topology, batch size, another communication algorithm. → §3:
+# >    `sync.accumulate: 4` (fewer all-reduces per sample, counted).
+# > 6. Profiling is the compass of iterative tuning. → §3: profile, change one knob, profile again.
 #
 # A synchronous step is a chain: each rank **waits for data**, runs **forward and backward**, **waits for the
 # all-reduce** to finish, and **updates** its parameters. The slowest link decides the speed, and the link that

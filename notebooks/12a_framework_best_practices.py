@@ -16,20 +16,25 @@
 # %% [markdown]
 # # 12 · 十二、遵循主流框架的最佳实践与配置 — Following the mainstream frameworks' best practices and configuration (1/2)
 #
-# > **The guide's section covers:**
-# > * follow each framework's own recipe for distributed training instead of inventing one: Horovod's
-# >   `hvd.init` / `DistributedOptimizer` / `broadcast_parameters` for PyTorch, TensorFlow and Keras, or PyTorch's
-# >   native `DistributedDataParallel` (`torch.distributed`);
-# > * one worker per GPU (or per share of the CPU cores), pinned by its local rank;
-# > * broadcast the initial state, shard the data, scale the learning rate with the global batch;
-# > * pick the communication backend for the hardware: NCCL for GPUs, Gloo for CPUs, MPI where the cluster has it;
-# > * keep the settings in one configuration, not scattered through scripts.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here (part 1 of 2):** section 1 trains one `Config` in PyTorch and in TensorFlow and compares steps,
-# > bytes and accuracy; section 2 is the two adapters' API side by side; section 3 asks this Horovod build which
-# > backends it has; section 4 trains the same model one epoch with PyTorch DDP over Gloo and with Horovod, and
-# > compares parameters and step times. Part 2 (`12b_framework_best_practices_mistakes`) breaks the rules
-# > (no broadcast, no sharding, wrong learning-rate scaling) and measures what each mistake does.
+# > 1. Today's frameworks (TensorFlow, PyTorch) ship highly packaged, capable modules for synchronous distributed
+# >    training. → part 1 §1: one `Config` trained through hvdsync in PyTorch and in TensorFlow, steps, bytes and
+# >    accuracy compared; §2 the two adapters side by side.
+# > 2. PyTorch's `DistributedDataParallel` automates nearly every detail of gradient synchronisation. → part 1 §4: DDP
+# >    over Gloo beside Horovod on the same model and data, equal parameters, step times side by side.
+# > 3. Initialise the process group correctly, so that every process knows the global picture (its rank, the world
+# >    size). → part 1 §4 (`init_process_group`) and every hvdsync job (`hvd.init` in `ht.init`).
+# > 4. Wrap the model in the DDP wrapper. → part 1 §4.
+# > 5. Use a distributed sampler so that the ranks' shares of the data do not overlap. → part 2 §3 leaves the sharding
+# >    out (every sample read twice, twice the steps, counted); the notebooks shard with hvdsync's `PlanSampler`.
+# >    PyTorch's own `DistributedSampler` is not run here yet.
+# > 6. Choose the backend to fit the hardware: a high-performance MPI library on CPU clusters, the built-in library
+# >    (NCCL) on GPU clusters. → part 1 §3 reads which backends this Horovod build has; the jobs here run on Gloo
+# >    (CPU, one machine); NCCL needs GPUs and is described, not run.
+# > 7. Follow the official configuration steps closely to avoid most common traps. → part 2 §2-§4: three traps
+# >    measured on 2 workers (no broadcast, no sharding, the wrong learning-rate scaling).
 #
 # Horovod's guides for PyTorch and for TensorFlow ask for the same handful of steps, whatever the model:
 #

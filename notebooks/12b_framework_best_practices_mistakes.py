@@ -16,19 +16,25 @@
 # %% [markdown]
 # # 12 · 十二、遵循主流框架的最佳实践与配置 — Following the mainstream frameworks' best practices and configuration (2/2)
 #
-# > **The guide's section covers:**
-# > * follow each framework's own recipe for distributed training (Horovod for PyTorch, TensorFlow and Keras, or
-# >   PyTorch's `DistributedDataParallel`) rather than inventing one;
-# > * broadcast the initial parameters and optimizer state from one rank, so that every worker starts equal;
-# > * shard the data so that each worker reads its own part of every global batch;
-# > * scale the learning rate with the global batch (linearly for SGD at moderate sizes, with a warm-up for large
-# >   ones);
-# > * keep these choices in configuration, recorded with the run.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here (part 2 of 2):** section 1 runs every experiment in one launch and checks that the hand-written
-# > PyTorch loop is hvdsync's `fit_loop`; section 2 leaves out the broadcast, section 3 the sharding, section 4
-# > scales the learning rate wrongly, each measured on 2 real Horovod workers. Part 1
-# > (`12a_framework_best_practices`) shows the recipe in both frameworks, the backends and PyTorch DDP.
+# > 1. Today's frameworks (TensorFlow, PyTorch) ship highly packaged, capable modules for synchronous distributed
+# >    training. → part 1 §1: one `Config` trained through hvdsync in PyTorch and in TensorFlow, steps, bytes and
+# >    accuracy compared; §2 the two adapters side by side.
+# > 2. PyTorch's `DistributedDataParallel` automates nearly every detail of gradient synchronisation. → part 1 §4: DDP
+# >    over Gloo beside Horovod on the same model and data, equal parameters, step times side by side.
+# > 3. Initialise the process group correctly, so that every process knows the global picture (its rank, the world
+# >    size). → part 1 §4 (`init_process_group`) and every hvdsync job (`hvd.init` in `ht.init`).
+# > 4. Wrap the model in the DDP wrapper. → part 1 §4.
+# > 5. Use a distributed sampler so that the ranks' shares of the data do not overlap. → part 2 §3 leaves the sharding
+# >    out (every sample read twice, twice the steps, counted); the notebooks shard with hvdsync's `PlanSampler`.
+# >    PyTorch's own `DistributedSampler` is not run here yet.
+# > 6. Choose the backend to fit the hardware: a high-performance MPI library on CPU clusters, the built-in library
+# >    (NCCL) on GPU clusters. → part 1 §3 reads which backends this Horovod build has; the jobs here run on Gloo
+# >    (CPU, one machine); NCCL needs GPUs and is described, not run.
+# > 7. Follow the official configuration steps closely to avoid most common traps. → part 2 §2-§4: three traps
+# >    measured on 2 workers (no broadcast, no sharding, the wrong learning-rate scaling).
 #
 # Part 1 showed the steps every framework's guide asks for: initialise, wrap the optimizer, broadcast, shard the
 # data, scale the learning rate. This part leaves them out one at a time — **no broadcast**, **no sharding**,

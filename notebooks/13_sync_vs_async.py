@@ -16,16 +16,21 @@
 # %% [markdown]
 # # 13 · 十三、在特定场景下权衡同步与异步更新的取舍 — Weighing synchronous against asynchronous updates in particular scenarios
 #
-# **The guide's section covers:**
-# * synchronous training: every step waits for all workers; consistent models, paced by the slowest;
-# * asynchronous training: workers never wait, but their gradients are computed on stale parameters;
-# * the middle ground: bounded staleness (stale synchronous parallel) and communicating less often (local SGD);
-# * remedies for staleness: a learning rate damped by the delay, and delay-compensated async SGD (DC-ASGD);
-# * the choice depends on the cluster (uniform or uneven workers, network) and on how much accuracy may be traded.
-#
-# **Shown here:** §1 local SGD and post-local SGD against synchronous SGD on 2 workers (rounds counted, accuracy,
-# drift); §2 the async mechanism in 20 lines of numpy, checked against the package's replay; §3 accuracy against
-# staleness with and without damping; §4 DC-ASGD against plain async at the same staleness.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
+# >
+# > 1. The opposite of synchronous training: asynchronous updates, where a worker updates the global parameters as
+# >    soon as its gradient is ready, without waiting for the others. → §2: asynchronous SGD in 20 lines (one
+# >    process), equal to the package's replay.
+# > 2. Waiting disappears, but gradients go stale: a worker may compute on parameters several versions old. → §3:
+# >    accuracy against the staleness bound tau.
+# > 3. That can slow convergence and lower final accuracy. → §3: at tau 32 without damping, more than 20 points lost
+# >    (asserted).
+# > 4. In practice, training speed is traded against stable convergence. → §1: local SGD with H = 1, 4, 8 on 2 real
+# >    workers, rounds counted against accuracy (time printed).
+# > 5. For large models, data with little noise, or extreme speed needs, semi-synchronous or delay-compensated
+# >    asynchronous algorithms can complement it. → §1 local and post-local SGD (semi-synchronous), §3 damping by the
+# >    delay, §4 DC-ASGD against plain async.
 #
 # Synchronous data parallelism (everything so far) makes every rank all-reduce its gradient at every step: all
 # ranks hold the same model at all times, and every step waits for the slowest rank and for the network. Two ways

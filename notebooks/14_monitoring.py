@@ -16,17 +16,23 @@
 # %% [markdown]
 # # 14 · 十四、监控训练过程以确保同步有效性 — Monitoring the training process to make sure synchronisation is effective
 #
-# **The guide's section covers:**
-# * watch every rank, not only rank 0: per-rank loss curves, step times and gradient norms;
-# * the size of each update relative to the weights (||delta w|| / ||w||), to catch a learning rate too high or a
-#   layer that stopped learning;
-# * that the ranks still hold the same model (divergence), and which rank is slow (stragglers);
-# * hardware utilisation and network I/O, to tell a compute-bound job from a communication-bound one;
-# * alarms and dashboards, so problems are seen while the job runs.
-#
-# **Shown here:** §1 three runs (healthy, one rank nudged, one rank slow) through hvdsync's hooks; §2 the alarms
-# MLflow holds, with the rank named, and the figures behind them; §3 per-rank loss curves, update magnitudes, CPU
-# utilisation and network I/O of the healthy run.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
+# >
+# > 1. Once synchronisation is in place, continuous monitoring is essential. → §1: three runs through hvdsync's
+# >    monitor (healthy, one rank nudged, one rank slow).
+# > 2. Key signal: whether the workers' loss curves agree closely. → §3: per-rank loss curves.
+# > 3. Whether their parameter updates are of similar size. → §3: ‖Δw‖/‖w‖, on rank 0 only so far (per rank is not
+# >    shown yet).
+# > 4. Whether hardware utilisation is balanced. → §3: the node's CPU use from the recorded system metrics (one
+# >    machine: not per rank; no GPU here).
+# > 5. A node whose loss curve strays, or whose GPU utilisation stays low, points at a problem in its data, compute or
+# >    communication. → §1/§2: the nudged rank caught by the parameter fingerprint and named; the slow rank named as
+# >    the straggler.
+# > 6. Watch the cluster's network I/O for an unexpected bandwidth bottleneck. → §3: bytes received, from the system
+# >    metrics.
+# > 7. Good monitoring finds problems in time and keeps synchronous training on track. → §2: alarms read back from
+# >    MLflow with the rank named.
 #
 # Synchronous data-parallel training rests on one invariant: **every rank holds the same parameters after every
 # step** (same start by broadcast, same averaged gradient, same update). Two things break it or slow it down

@@ -16,17 +16,22 @@
 # %% [markdown]
 # # 15 · 十五、探索前沿的同步压缩与稀疏化技术 — Exploring frontier compression and sparsification techniques for synchronisation
 #
-# > **The guide's section covers:**
-# > * why compress: when the network bounds a step, sending fewer bytes per step is the lever;
-# > * quantisation (fp16, bf16, int8), sparsification (top-k, random-k) and low-rank compression (PowerSGD);
-# > * error feedback, and momentum correction for sparsified SGD (deep gradient compression);
-# > * the trade: bytes saved against accuracy and against the time encoding costs; lossless compression.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** every codec trained live on 2 workers (bytes counted against each codec's formula, accuracy,
-# > identical ranks); error feedback and momentum correction switched off and on; lossless compression (zlib) of
-# > float32 and sparsified gradients, measured live; each codec's encode/decode time on a 4.2 M-parameter gradient,
-# > measured live; and step times over a bandwidth-limited link between two test hosts, from a recorded run of
-# > `benchmarks/link.py` (which numbers are live and which recorded is said at each).
+# > 1. To push past the communication bottleneck, research and industry work on gradient compression and
+# >    sparsification. → §2: every codec trained on 2 workers in one job.
+# > 2. The core idea: not every gradient value has to travel in full precision. → §2: counted bytes equal each codec's
+# >    formula.
+# > 3. For example, send only the largest part of the gradient's values. → §2, §4: top-k at 1 %, with and without
+# >    error feedback; §1 what error feedback keeps.
+# > 4. Or quantise the gradient to fewer bits. → §2: fp16, bf16, int8.
+# > 5. Or compress, lossless or lossy, using the gradient's own statistics. → §6: lossless (zlib) measured; lossy low
+# >    rank: PowerSGD in §2.
+# > 6. These cut the data to send sharply, which matters most over wide-area or very constrained links. → §7: step
+# >    times over a rate-limited link between two test hosts (recorded run).
+# > 7. But they can add computation and hurt convergence, so they need careful evaluation and tuning. → §7: the
+# >    encoding time measured live; §3 bytes against accuracy; §5 momentum correction.
 #
 # Every step of synchronous training moves one gradient's worth of bytes per worker (notebook 05: a ring
 # all-reduce sends 2(n − 1)/n of it). When the network is the bottleneck, sending *less* is the lever, and there

@@ -16,19 +16,19 @@
 # %% [markdown]
 # # 16 · 十六、构建可复现的同步训练实验环境 — Building a reproducible experimental environment for synchronous training
 #
-# > **The guide's section covers:**
-# > * fix every random seed (framework, numpy, Python, data order, augmentation) and derive the per-rank ones
-# >   from one global seed;
-# > * ask for deterministic kernels (`torch.use_deterministic_algorithms`, `CUBLAS_WORKSPACE_CONFIG`,
-# >   `TF_DETERMINISTIC_OPS` / `tf.config.experimental.enable_op_determinism`), since some GPU kernels add in
-# >   whatever order threads finish;
-# > * floating-point sums depend on their order: thread counts, world size and the all-reduce's order change bits;
-# > * record versions, configuration and environment with every run, so that it can be rerun and compared.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 reruns a deterministic job and changes threads and seed; section 2 changes the world
-# > size and sums the same numbers in four orders; section 3 reads the run's record back and reruns it from the
-# > record; section 4 turns on deterministic kernels (the CPU part runs here; the GPU part runs only where CUDA is
-# > present).
+# > 1. Reproducibility is the foundation of science; parallel randomness makes it take extra steps. → §1: a
+# >    deterministic run twice, bitwise equal.
+# > 2. Fix the random seeds at every level: the framework, the language's own generator, and random operations tied to
+# >    the hardware. → §1: seeds, threads and what each changes; §3 what the record keeps.
+# > 3. In distributed training, derive each process's seed correctly from the global seed. → notebook 02 §3
+# >    (`rank_seed`); §2 here: what the world size changes.
+# > 4. Force non-deterministic algorithms, such as some GPU kernels, into deterministic mode. → §4:
+# >    `torch.use_deterministic_algorithms` on the CPU; the GPU branch runs only where a GPU is present.
+# > 5. Record every environment setting, library version and launch command. → §3: the run's record read back and
+# >    `runs reproduce` bitwise identical.
 #
 # A run is reproducible when running it again gives **the same bits**: the same parameters, the same metrics.
 # That is worth having: a bug report can be replayed, a change's effect is not lost in run-to-run noise, and two

@@ -16,18 +16,21 @@
 # %% [markdown]
 # # 17 · 十七、将同步策略与模型架构设计协同考量 — Considering the synchronisation strategy together with the model's architecture
 #
-# > **The guide's section covers:**
-# > * design the model with synchronisation in mind: layers that couple samples (batch normalisation) couple the
-# >   ranks, so small per-rank batches call for synchronised batch norm;
-# > * huge, sparsely used parameters (embedding tables) want sparse gradient exchange, not a dense all-reduce;
-# > * a model too big for one device is split (pipeline or tensor parallelism) and combined with data parallelism,
-# >   trading gradient traffic for activation traffic;
-# > * choose architectures and sizes whose compute-to-communication ratio suits the cluster.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 2 measures local against synchronised batch norm at 2 and 16 samples per rank;
-# > section 3 counts a 100k-row embedding gradient's bytes both ways, and where allgather stops paying; section 4
-# > writes the model split out by hand in a few lines, checks the package's split (`hvdlab.torch.split`) against it,
-# > and measures it against data parallelism on 4 workers.
+# > 1. The synchronisation strategy belongs in the model's design from the start, not as a repair afterwards. → the
+# >    sections below each take one design choice.
+# > 2. For sparse models with huge parameter counts, dense gradient synchronisation is very inefficient and a
+# >    dedicated communication strategy may be needed. → §3: a 100k-row embedding's gradient, allgather of the touched
+# >    rows against a dense all-reduce (bytes counted), and where allgather stops paying.
+# > 3. Some operations, such as normalisation layers, must synchronise statistics across devices, and how they do it
+# >    shapes the synchronisation. → §2: local against synchronised batch norm at 2 and 16 samples per rank.
+# > 4. Model parallelism, placing parts of the model on different devices, changes the communication pattern. → §4:
+# >    the model split over a rank pair, and over two pairs data-parallel across them: activations against gradients,
+# >    bytes counted.
+# > 5. Algorithm and systems engineers must work together on architectures that are efficient and easy to synchronise.
+# >    → advice; nothing to run.
 #
 # Synchronous data parallelism treats the model as a black box: every rank holds all of it, computes gradients on
 # its share of the batch, and all-reduces every gradient. Three kinds of layers break that picture, and each has a

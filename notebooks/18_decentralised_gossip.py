@@ -16,19 +16,20 @@
 # %% [markdown]
 # # 18 · 十八、持续跟进同步技术的最新进展 — Keeping up with the latest advances in synchronisation techniques
 #
-# > **The guide's section covers:**
-# > * decentralised training: ranks average with neighbours on a graph (gossip, D-PSGD) instead of a global
-# >   all-reduce, trading exact agreement for bounded traffic and no global wait;
-# > * asynchronous and local-update variants that synchronise less often;
-# > * new hardware: faster intra-node links (NVLink/NVSwitch), in-network reduction, low-precision (bf16, FP8)
-# >   arithmetic, and the hierarchical collectives that exploit a fast node and a slower network;
-# > * new frameworks that shard the training state instead of replicating it (ZeRO in DeepSpeed, PyTorch FSDP),
-# >   so that models larger than one device's memory train data-parallel.
+# > **The guide's section, point by point** (its own points in its order, translated; after each arrow: where this
+# > notebook shows it with running code, or why it cannot here):
 # >
-# > **Shown here:** section 1 writes one gossip round by hand and checks the package's mixing against it; section 2
-# > trains gossip against all-reduce on 2 real workers; section 3 simulates 4, 8 and 16 ranks; section 4 compares
-# > bytes per rank as the world grows; section 5 measures a real Adam optimizer's state and does the ZeRO
-# > sharding arithmetic (marked as arithmetic). Hardware is discussed, not measured: this machine has no GPU.
+# > 1. Distributed machine learning moves fast, and synchronisation techniques keep evolving. → framing.
+# > 2. New hardware (faster interconnects, dedicated AI chips) changes what synchronisation costs. → cannot run here
+# >    (no GPU or accelerator); notebook 03 §2 puts NVLink and InfiniBand figures into the cost model.
+# > 3. New algorithms, such as decentralised averaging protocols, offer an alternative to central aggregation. → §1
+# >    one gossip round by hand; §2 gossip against all-reduce on 2 real workers; §3 4-16 ranks simulated; §4 bytes per
+# >    rank.
+# > 4. New frameworks and libraries keep appearing to make synchronisation simpler. → §5: ZeRO/FSDP sharding, a real
+# >    Adam optimizer's state measured and the arithmetic done.
+# > 5. Follow the research (systems papers at the top machine-learning conferences) and the main open-source projects'
+# >    releases, to keep bringing the newest effective techniques into practice. → a habit, not a measurement: the
+# >    notebook cites the papers its methods come from (D-PSGD, consensus distance, ZeRO).
 #
 # A ring all-reduce makes every rank wait for every other rank every step. **Decentralised** training drops the
 # global agreement: each rank keeps its own parameters and, every H steps, averages them only with its
