@@ -203,6 +203,11 @@ def test_notebook_follows_its_guide_section(stem):
     first_line = title.source.splitlines()[0]
     assert first_line == expected_title(stem, headings, parts), f"{stem}: the title must be the guide's heading"
     assert len(title.source) > 500, "the title cell explains the idea"
+    # The box: the section's own points, numbered in the guide's order, each with where the notebook shows it (->).
+    assert "**The guide's section, point by point**" in title.source, f"{stem}: the title cell lacks the guide's box"
+    points = re.findall(r"^> (\d+)\. (.*(?:\n>    .*)*)", title.source, re.M)
+    assert [int(n) for n, _ in points] == list(range(1, len(points) + 1)) and len(points) >= 3, f"{stem}: box points"
+    assert all("→" in text for _, text in points), f"{stem}: every point of the box says where it is shown"
     last = nb.cells[-1]
     assert last.cell_type == "markdown" and last.source.startswith("## What to take away")
     code = _code(nb)
