@@ -13,7 +13,7 @@ from tests.parallel.torch_workers import _sequential_reference
 
 
 @contextlib.contextmanager
-def nccl_spans(found: dict):
+def nccl_spans(found: dict, transport: str = "NCCL_"):
     """Horovod's timeline around the block (the job's workers start with HOROVOD_TIMELINE=DYNAMIC): fills ``found``
     with what NCCL ran, as rank 0 (the timeline's writer) saw it: ``ops`` (collective -> spans with an ``NCCL_``
     activity) and ``activities`` (their names). Proof that a test's GPU work crossed NCCL, which a 1-rank job need
@@ -30,12 +30,12 @@ def nccl_spans(found: dict):
     finally:
         hvd.stop_timeline()
         if hvd.rank() == 0:
-            spans = [s for s in timeline.read(path).spans if any(a.name.startswith("NCCL_") for a in s.activities)]
+            spans = [s for s in timeline.read(path).spans if any(a.name.startswith(transport) for a in s.activities)]
             ops: dict = {}
             for s in spans:
                 ops[s.op] = ops.get(s.op, 0) + 1
             found.update(ops=ops, activities=sorted({a.name for s in spans for a in s.activities
-                                                     if a.name.startswith("NCCL_")}))
+                                                     if a.name.startswith(transport)}))
         shutil.rmtree(folder, ignore_errors=True)
 
 
