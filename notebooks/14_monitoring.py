@@ -22,8 +22,8 @@
 # > 1. Once synchronisation is in place, continuous monitoring is essential. → §1: three runs through hvdsync's
 # >    monitor (healthy, one rank nudged, one rank slow).
 # > 2. Key signal: whether the workers' loss curves agree closely. → §3: per-rank loss curves.
-# > 3. Whether their parameter updates are of similar size. → §3: ‖Δw‖/‖w‖, on rank 0 only so far (per rank is not
-# >    shown yet).
+# > 3. Whether their parameter updates are of similar size. → §3: ‖Δw‖/‖w‖ measured on each rank, equal in
+# >    lock-step (asserted).
 # > 4. Whether hardware utilisation is balanced. → §3: the node's CPU use from the recorded system metrics (one
 # >    machine: not per rank; no GPU here).
 # > 5. A node whose loss curve strays, or whose GPU utilisation stays low, points at a problem in its data, compute or
@@ -127,7 +127,8 @@ def three_runs(raw, nudge_step, slow_ms):
 
 
 net_before = psutil.net_io_counters()
-results = launch.run(three_runs, args=(base.to_dict(), NUDGE_STEP, SLOW_MS), np=2)[0]
+by_rank = launch.run(three_runs, args=(base.to_dict(), NUDGE_STEP, SLOW_MS), np=2)
+results = by_rank[0]
 net_after = psutil.net_io_counters()
 client = mlflow.MlflowClient(store)
 runs = {r.info.run_name: r for r in (client.get_run(x["run_id"]) for x in results)}
@@ -189,7 +190,7 @@ assert abs(loss_n - loss_h) < 0.05 * loss_h and abs(acc_n - acc_h) <= 0.01
 # ## 3 · The other signals: per-rank loss, update size, utilisation, network I/O
 #
 # From the healthy run: each rank's own loss every 2 steps (`rank/<r>/loss`: each rank on its shard of the step);
-# the relative size of every update, ||delta w|| / ||w||, on rank 0 (watch its level and trend: a jump points at a
+# the relative size of every update, ||delta w|| / ||w||, on each rank (watch its level and trend: a jump points at a
 # learning rate too high or an exploding gradient, a slide towards zero at learning that stalled); and the node's CPU
 # utilisation and network counters, which hvdsync samples with MLflow's psutil monitors on each node's first rank
 # and records in the same run (`system/<node>/...`, `hvdsync.core.telemetry.sysmetrics`). On one machine the
@@ -204,6 +205,7 @@ def system(run, metric):
 
 losses = {r: history(healthy, f"rank/{r}/loss") for r in (0, 1)}
 updates = np.array(results[0]["updates"])
+updates_by_rank = [np.array(by_rank[r][0]["updates"]) for r in (0, 1)]
 cpu = system(healthy, "cpu_utilization_percentage")
 received = system(healthy, "network_receive_megabytes")
 for r, (steps, values) in losses.items():
@@ -214,6 +216,11 @@ for r, (steps, values) in losses.items():
 print(f"in this run: update size ||dw||/||w|| over {len(updates)} steps: median {np.median(updates):.1e}, "
       f"largest {updates.max():.1e}")
 assert 0 < np.median(updates) < 0.1 and np.isfinite(updates).all()
+# The guide asks whether the ranks' updates are of similar size: each rank measured its own in the same hook.
+gap = np.max(np.abs(updates_by_rank[1] - updates_by_rank[0]) / updates_by_rank[0])
+print(f"in this run: update size per rank, median rank 0 {np.median(updates_by_rank[0]):.3e}, rank 1 "
+      f"{np.median(updates_by_rank[1]):.3e}; largest relative difference over {len(updates)} steps {gap:.1e}")
+assert len(updates_by_rank[1]) == len(updates) and gap < 1e-5, "in lock-step the ranks make the same update"
 print(f"in this run: CPU utilisation of the node {np.mean(cpu[1]):.0f}% on average over {len(cpu[1])} samples; "
       f"{received[1][-1]:.2f} MB received on its interfaces while the healthy run was sampled; the whole job "
       f"(three runs) saw the machine's counters move {(net_after.bytes_recv - net_before.bytes_recv) / 1e6:.1f} MB in, "
@@ -225,8 +232,10 @@ for r, (steps, values) in losses.items():
     axes[0].plot(steps, values, marker=".", label=f"rank {r}")
 axes[0].set(title="per-rank loss (healthy run)", xlabel="step", ylabel="loss")
 axes[0].legend(fontsize="small")
-axes[1].semilogy(range(1, len(updates) + 1), updates, ".-")
-axes[1].set(title="update size ||dw|| / ||w|| (rank 0)", xlabel="step")
+for r, marker in ((0, ".-"), (1, "x")):
+    axes[1].semilogy(range(1, len(updates) + 1), updates_by_rank[r], marker, label=f"rank {r}")
+axes[1].set(title="update size ||dw|| / ||w|| per rank", xlabel="step")
+axes[1].legend(fontsize="small")
 axes[2].plot(*cpu, marker=".", color="tab:green")
 axes[2].set(title="node CPU % and MB received", xlabel="step", ylabel="CPU utilisation %")
 twin = axes[2].twinx()
@@ -246,6 +255,6 @@ plt.show()
 #   (`rank/<r>/...`), so a run can be checked after the fact, and one warning line tells whoever is watching.
 # * Nudging one weight by 0.001 barely moved the loss or the accuracy (asserted: under 5 % and 1 point):
 #   divergence is easy to miss by eye.
-# * Beyond alarms: per-rank loss curves (each rank's loss fell, asserted), the update size ||dw|| / ||w|| (this
-#   run's median printed in §3), and the node's utilisation and network counters recorded in the same run tell a
+# * Beyond alarms: per-rank loss curves (each rank's loss fell, asserted), the update size ||dw|| / ||w|| on each rank
+#   (equal on both in lock-step, asserted; this run's medians printed in §3), and the node's utilisation and network counters recorded in the same run tell a
 #   stalled or exploding run, and a compute-bound from a communication-bound one.
