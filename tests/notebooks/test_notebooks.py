@@ -60,7 +60,7 @@ def expected_title(stem: str, headings: dict[str, tuple[str, str]], parts: int =
 
 # Wall-clock limit per notebook, in seconds (also nbclient's per-cell limit). Each notebook targets < 90 s on a quiet
 # 2-core machine; the limits leave room for other jobs sharing the cores (timings were 35-100 s under load 4-8).
-TIMEOUTS = {"01": 240, "02": 240, "03": 240, "04": 300, "05": 240, "06": 300, "07": 300, "08": 360, "09": 300, "10": 480,
+TIMEOUTS = {"01": 240, "02": 240, "03": 240, "04": 300, "05": 300, "06": 300, "07": 300, "08": 360, "09": 300, "10": 480,
             "11": 300, "12": 300, "13": 300, "14": 300, "15": 400, "16": 600, "17": 480, "18": 300}
 DEFAULT_TIMEOUT = 300
 
