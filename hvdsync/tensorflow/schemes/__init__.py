@@ -2,10 +2,11 @@
 ``hvdsync/torch/schemes/``, file for file where the mode exists; the parameter server is PyTorch's only).
 
 :func:`hvdsync.tensorflow.distributed_optimizer` looks ``sync.mode`` up in :data:`SCHEMES` and, for any mode but
-``allreduce``, returns one of these optimizers instead of :class:`~hvdsync.tensorflow.schemes.base.DistributedOptimizer`.
-They *are* that optimizer (a Keras 3 ``Optimizer``) with other ``synchronize``/``step`` phases, so Keras
-``compile``/``fit``, ``apply_gradients`` in the user's ``tf.function`` step and hvdsync's shared loop work unchanged.
-When to communicate comes from :mod:`hvdsync.core.comm.schemes.local_sgd`; this package only moves tensors.
+``allreduce``, returns one of these optimizers instead of
+:class:`~hvdsync.tensorflow.schemes.base.DistributedOptimizer`. They *are* that optimizer (a Keras 3 ``Optimizer``)
+with other ``synchronize``/``step`` phases, so Keras ``compile``/``fit``, ``apply_gradients`` in the user's
+``tf.function`` step and hvdsync's shared loop work unchanged. When and what to communicate comes from the plans in
+:mod:`hvdsync.core.comm.schemes`; this package only moves tensors.
 
 * :class:`LocalSGDOptimizer` (``sync.mode: local_sgd``): ``step`` is the local update; every ``sync.period``
   updates it then averages the trainable variables and the optimizer's slot variables (momentum, Adam's moments)
