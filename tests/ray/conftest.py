@@ -1,5 +1,6 @@
 """A Ray cluster of two nodes for the session: ``ray start --head`` on test host node1, ``ray start --address`` on
-node2 (network namespaces with their own address, host name and /etc/hosts: :mod:`hvdlab.testhosts`), 2 CPUs each.
+node2 (network namespaces with their own address, host name and /etc/hosts: :mod:`hvdlab.testhosts`), 2 CPUs each; a third
+test host, node3, is left for tests that make a cluster of their own.
 
 Why namespaces, not two nodes on loopback: Horovod's elastic Ray discovery keys nodes by address, so two nodes on
 127.0.0.1 would be one host to it, and a node whose raylet is killed would take the other's name with it. In a
@@ -141,9 +142,10 @@ class RayCluster:
         assert out.returncode == 0 and line, out.stdout[-3000:] + out.stderr[-5000:]
         return json.loads(line[len("RESULT "):])
 
-    def hvdsync(self, *argv: str, timeout: float = 300, **env) -> subprocess.CompletedProcess:
-        """``hvdsync ...`` on node1 (text output)."""
-        return self.hosts.run("node1", [str(BIN / "hvdsync"), *argv], cwd=ROOT, env=self.env(**env),
+    def hvdsync(self, *argv: str, timeout: float = 300, cwd: Path = ROOT, **env) -> subprocess.CompletedProcess:
+        """``hvdsync ...`` on node1 (text output), in ``cwd`` (MLflow puts a sqlite store's artifacts in its
+        ``./mlruns``)."""
+        return self.hosts.run("node1", [str(BIN / "hvdsync"), *argv], cwd=cwd, env=self.env(**env),
                               timeout=timeout)
 
     def refused(self, *argv: str, **env) -> str:
@@ -164,7 +166,8 @@ def ray_cluster():
     if why:
         pytest.skip(f"no test hosts for the Ray nodes: {why}")
     # A prefix and subnet of this session's own: tests/hosts' hosts and a user's `testhosts up` are never touched.
-    hosts = TestHosts(2, prefix=f"hvdray{os.getpid()}", subnet="10.77.3")
+    # node3 is not part of this cluster: tests/ray/test_ray_auth.py runs a cluster without authentication there.
+    hosts = TestHosts(3, prefix=f"hvdray{os.getpid()}", subnet="10.77.3")
     temp = Path(tempfile.mkdtemp(prefix="hvdray-"))  # short: Ray's socket paths must fit in 107 bytes
     cluster = RayCluster(hosts, temp)
     hosts.up()

@@ -1,5 +1,5 @@
 """hvdsync on Ray clusters with token authentication (the session's 2-node cluster, tests/ray/conftest.py) and without
-(a one-node cluster on this machine's loopback, made here).
+(a one-node cluster on the session's third test host, made here).
 
 Once any plain ``ray.init()`` has run on a machine, Ray keeps a token in ``~/.ray/auth_token`` and ``ray start --head``
 turns authentication on with it; hvdsync connected to such a cluster without its token, and Ray's client printed a
@@ -10,10 +10,12 @@ output or the MLflow store, and a cluster without authentication still works wit
 """
 import importlib.util
 import json
-import socket
+import os
+import shutil
+import signal
 import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +66,7 @@ def test_the_token_from_ray_auth_token_path_trains_and_never_leaves_the_driver(r
     store, logs = tmp_path / "mlflow.db", tmp_path / "logs"
     out = ray_cluster.hvdsync("train", "--ray", ray_cluster.address, "--framework", "torch", "--np", "2",
                               "--epochs", "1", "--tracking-uri", f"sqlite:///{store}", "--experiment", "ray-auth",
-                              "--log-dir", str(logs), "--verbose", "--json",
+                              "--log-dir", str(logs), "--verbose", "--json", cwd=tmp_path,
                               HOME=str(stale), RAY_AUTH_TOKEN_PATH=str(ray_cluster.token_file))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout[out.stdout.index("{"):])
@@ -74,7 +76,8 @@ def test_the_token_from_ray_auth_token_path_trains_and_never_leaves_the_driver(r
     token = ray_cluster.token.encode()
     assert token not in out.stdout.encode() + out.stderr.encode()
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent != stale / ".ray"]
-    assert store in written and not [p for p in written if token in p.read_bytes()]
+    artifacts = [p for p in written if p.is_relative_to(tmp_path / "mlruns")]   # the run's config and record
+    assert store in written and artifacts and not [p for p in written if token in p.read_bytes()]
 
 
 def test_the_runners_home_is_never_read(ray_cluster, tmp_path, monkeypatch):
@@ -91,52 +94,46 @@ def test_the_runners_home_is_never_read(ray_cluster, tmp_path, monkeypatch):
         assert [r["rank"] for r in out["result"]] == [0, 1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def open_cluster():
-    """A one-node cluster on loopback with authentication off (``RAY_AUTH_MODE=disabled``: without it ``ray start``
-    would turn it on, finding the token its home holds), 2 CPUs."""
+def open_cluster(ray_cluster):
+    """A one-node cluster with authentication off on test host node3 (``RAY_AUTH_MODE=disabled``: without it ``ray
+    start`` would turn authentication on, finding the token its home holds), 2 CPUs; its driver runs on node3 too."""
+    hosts = ray_cluster.hosts
     temp = Path(tempfile.mkdtemp(prefix="hvdray-open-"))
     home = user_home(temp / "home", "0123456789abcdef0123456789abcdef")
-    address = f"127.0.0.1:{_free_port()}"
-    argv = [str(BIN / "ray"), "start", "--block", "--head", f"--port={address.split(':')[1]}",
-            "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp / 'ray'}",
-            "--disable-usage-stats", "--include-dashboard=false", "--object-store-memory=100000000"]
+    address = f"{hosts.host('node3').address}:6380"
+    argv = [str(BIN / "ray"), "start", "--block", "--head", "--port=6380", f"--node-ip-address={address[:-5]}",
+            "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp / 'ray'}", "--disable-usage-stats",
+            "--include-dashboard=false", "--object-store-memory=100000000"]
     with open(temp / "head.log", "wb") as log:
-        head = subprocess.Popen(argv, cwd=ROOT, env=clean_env(home, RAY_AUTH_MODE="disabled"), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        head = hosts.popen("node3", argv, cwd=ROOT, env=clean_env(home, RAY_AUTH_MODE="disabled"), stdout=log,
+                           stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert head.poll() is None and time.monotonic() < deadline, (temp / "head.log").read_text()[-3000:]
-            try:
-                socket.create_connection(("127.0.0.1", int(address.split(":")[1])), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
+        ready = ("import socket, sys, time; t = time.time()\n"
+                 "while True:\n"
+                 "    try: socket.create_connection((sys.argv[1], 6380), timeout=1).close(); break\n"
+                 "    except OSError: assert time.time() - t < 90; time.sleep(0.5)\n")
+        out = hosts.run("node3", [sys.executable, "-c", ready, address[:-5]], timeout=120)
+        assert out.returncode == 0 and head.poll() is None, (temp / "head.log").read_text()[-3000:]
         yield address, temp
     finally:
         head.terminate()
         try:
             head.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            head.kill()
+            os.killpg(head.pid, signal.SIGKILL)
             head.wait()
-        subprocess.run(["rm", "-rf", str(temp)], check=False)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("token_file", ["present", "absent"])
-def test_an_unauthenticated_cluster_still_works_with_or_without_a_token_file(open_cluster, token_file, tmp_path):
+def test_an_unauthenticated_cluster_still_works_with_or_without_a_token_file(ray_cluster, open_cluster, token_file,
+                                                                               tmp_path):
     address, temp = open_cluster
     home = user_home(tmp_path / "home", "0123456789abcdef0123456789abcdef" if token_file == "present" else None)
-    out = subprocess.run([str(BIN / "hvdsync"), "train", "--ray", address, "--framework", "torch", "--np", "2",
-                          "--epochs", "1", "--no-track", "--json"], cwd=ROOT, env=clean_env(home),
-                         capture_output=True, text=True, timeout=300)
+    out = ray_cluster.hosts.run("node3", [str(BIN / "hvdsync"), "train", "--ray", address, "--framework", "torch",
+                                          "--np", "2", "--epochs", "1", "--no-track", "--json"], cwd=ROOT,
+                                env=clean_env(home), timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + (temp / "head.log").read_text()[-2000:]
     result = json.loads(out.stdout[out.stdout.index("{"):])
     assert result["world_size"] == 2 and result["param_spread"] == 0.0
