@@ -95,7 +95,9 @@ def allreduce_proof(start, data, device, names, build, steps: int = 2) -> dict:
 
     from hvdsync.core.telemetry import timeline
 
-    want = "NCCL_ALLREDUCE" if device.type == "cuda" else "GLOO_ALLREDUCE"
+    # On a CPU the ops go over Gloo, or over MPI where Horovod has MPI and was started without `horovodrun --gloo`
+    # (a 1-rank run then takes MPI's controller): either is the CPU's own transport, as NCCL is the GPU's.
+    want = "NCCL_ALLREDUCE" if device.type == "cuda" else "MPI_ALLREDUCE" if hvd.mpi_enabled() else "GLOO_ALLREDUCE"
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
         for name in names:

@@ -14,19 +14,24 @@ PY = sys.executable
 JOB = "tests/slurm/params_job.py"
 
 
+# Open MPI's ssh never reads or writes ssh's ~/.ssh/known_hosts (the password database's home, not $HOME): other
+# test hosts of the same session are called node1 and node2 too, with other host keys, and strict checking would
+# refuse this node2 for the key ssh recorded for theirs.
+SSH = "ssh -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR"
+
+
 def _mpirun(hosts, env, argv, timeout=600):
-    # Open MPI reaches node2 with the test hosts' key; its known_hosts stays out of the user's ~/.ssh.
-    agent = (f"ssh -i {hosts.key} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes "
-             "-o LogLevel=ERROR")
-    command = ["mpirun", "-np", "4", "-H", "node1:2,node2:2", "--mca", "plm_rsh_agent", agent,
+    # Open MPI reaches node2 with the test hosts' key.
+    command = ["mpirun", "-np", "4", "-H", "node1:2,node2:2", "--mca", "plm_rsh_agent", f"{SSH} -i {hosts.key}",
                "--mca", "btl_tcp_if_include", "hv0", "--mca", "oob_tcp_if_include", "hv0",
                "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", *argv]
     return hosts.run("node1", command, cwd=ROOT, env=env, timeout=timeout)
 
 
 def _horovodrun(hosts, env, argv, timeout=600):
+    # horovodrun adds the key to Open MPI's ssh arguments (plm_rsh_args); the agent is ours, as a user passes it.
     command = ["horovodrun", "--mpi", "-np", "4", "-H", "node1:2,node2:2", "--network-interface", "hv0",
-               "-i", str(hosts.key), *argv]
+               "-i", str(hosts.key), f"--mpi-args=--mca plm_rsh_agent '{SSH}'", *argv]
     return hosts.run("node1", command, cwd=ROOT, env=env, timeout=timeout)
 
 

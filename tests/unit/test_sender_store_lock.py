@@ -114,7 +114,9 @@ def test_a_kill_during_hvdsyncs_creation_leaves_no_store_and_the_next_call_makes
     uri = f"sqlite:///{tmp_path / 'new.db'}"
     _kill_during_migration(HVDSYNC_PREPARE, uri)
     assert not (tmp_path / "new.db").exists()            # only the temporary file, never a half-made store
-    assert len(list(tmp_path.glob(".new.db.hvdsync-new-*"))) == 1
+    # The temporary store, and its hot journal where the kill came inside one of MLflow's transactions.
+    left = sorted(p.name for p in tmp_path.glob(".new.db.hvdsync-new-*"))
+    assert len(left) in (1, 2) and left[1:] in ([], [left[0] + "-journal"]), left
     assert prepare_store(uri) is None
     assert _opens(uri)
     assert not list(tmp_path.glob(".new.db.hvdsync-new-*"))
