@@ -30,6 +30,7 @@ from hvdsync.launch import cli
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.launch.hosts import Host
 from tests.hosts.checkpoints import checkpoints, newest, wait_for
+from tests.mlflow_runs import one_finished_run
 
 ROOT = Path(__file__).resolve().parents[2]
 EPOCHS, TRAIN_SAMPLES, BATCH = 2, 1348, 16   # digits: 1,797 samples less 449 held out for testing
@@ -273,14 +274,7 @@ def rank0_lost(cluster, tmp_path_factory):
 
 
 def test_losing_rank_0s_host_leaves_one_finished_run_with_every_epoch_once(rank0_lost):
-    import mlflow
-
     result, uri, lost = rank0_lost
     assert [(e["size_before"], e["size_after"]) for e in result["resets"]] == [(2, 1)]
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [(r.info.run_id, r.info.status) for r in runs] == [(result["run_id"], "FINISHED")]
-    for key in ("train_loss", "test_accuracy"):
-        assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == list(range(EPOCHS)), key
-    tags = runs[0].data.tags
+    tags = one_finished_run(uri, result["run_id"], EPOCHS)
     assert tags["hvdsync.world_sizes"] == "2,1" and tags["hvdsync.lost_hosts"].startswith(f"{lost} at ")

@@ -1,7 +1,6 @@
 """The link benchmark's contenders on 2 test hosts, each on its own cores (split_cpus), in the smallest
 configuration: every worker of hvdsync's job (the one Horovod starts on node1 without ssh included) and both of
 DDP's ranks say from inside where they run, and the harness's check accepts them. Nothing is timed or trained."""
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -10,19 +9,13 @@ import pytest
 
 from hvdlab.bench import link_fair
 from hvdlab.testhosts import TestHosts, unavailable
+from tests import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _link_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("link_bench", ROOT / "benchmarks" / "link.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return benchmark_scripts.load("link")
 
 
 @pytest.fixture(scope="module")

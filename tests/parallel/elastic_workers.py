@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -40,6 +41,17 @@ def wait_for(condition, what: str, timeout: float = 300) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+def kill_whole(proc, logs: Path) -> None:
+    """SIGKILL a launcher started in a session of its own and each of its workers (their pids from its log folder),
+    as a machine's crash would end a job."""
+    pids = elastic_launch.worker_pids(logs)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
 
 
 def _bars(run_dir: Path) -> int:

@@ -7,10 +7,8 @@ third host appears in the discovery script and the job grows back to two. A seco
 compares the final parameters bit for bit with an uninterrupted run. Then a worker that raises, and a job that
 falls below ``min_np``.
 """
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -103,12 +101,7 @@ def killed_and_resumed(tmp_path_factory):
                             stderr=subprocess.PIPE, text=True, env={**env, "HVDSYNC_FAULTS": "slow@30"},
                             start_new_session=True)
     _wait_for(lambda: len(list(ckpt.glob("ckpt-*"))) >= 3, "three checkpoints")
-    pids = elastic_launch.worker_pids(logs)
-    os.killpg(proc.pid, signal.SIGKILL)
-    for pid in pids.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    elastic_workers.kill_whole(proc, logs)
     steps = sorted(int(p.name.split("-")[1]) for p in ckpt.glob("ckpt-*"))
     # Damage the newest checkpoint: the resumed job must name it and fall back to the one before.
     newest = ckpt / f"ckpt-{steps[-1]:09d}" / "torch_state.pt"

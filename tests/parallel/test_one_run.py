@@ -15,7 +15,6 @@ Kept short: 2 epochs of digits, 2 workers, one job per framework, one killed-and
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import mlflow
 import pytest
 
 from hvdsync.launch import elastic as elastic_launch
+from tests.mlflow_runs import epochs, only_run
 from tests.parallel import elastic_workers
 
 HOSTS = elastic_workers.HOSTS
@@ -34,17 +34,6 @@ KILL_STEP = 6
 # set of their names built in the discovery file's order iterates (HostManager.update_available_hosts): the same
 # construction here gives the same order. The killed spool's check below fails loudly should that ever change.
 RANK0_HOST = next(iter(set([h for h in HOSTS[:2]])))
-
-
-def _only_run(uri: str):
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert len(runs) == 1, [(r.info.run_id, r.info.status) for r in runs]
-    return client, runs[0]
-
-
-def _epochs(client, run_id: str, key: str = "train_loss") -> list[int]:
-    return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
 @pytest.fixture(scope="module", params=["torch", "tensorflow"])
@@ -62,10 +51,10 @@ def test_rank_0_killed_mid_job_leaves_one_finished_run_with_every_epoch_once(ran
     result, uri, tmp = rank0_killed
     assert (tmp / "run" / "fault-1.fired").exists()
     assert [(e["size_before"], e["size_after"]) for e in result.resets] == [(2, 1)]
-    client, run = _only_run(uri)                  # the store opens: created whole before any worker started
+    client, run = only_run(uri)                  # the store opens: created whole before any worker started
     assert run.info.run_id == result.run_id and run.info.status == "FINISHED"
     for key in ("train_loss", "test_accuracy", "epoch_seconds"):
-        assert _epochs(client, run.info.run_id, key) == [0, 1], key
+        assert epochs(client, run.info.run_id, key) == [0, 1], key
     assert run.data.params["world_size"] == "2"   # the first rank 0's params stand
     tags = run.data.tags
     assert tags["hvdsync.world_sizes"] == "2,1" and tags["hvdsync.resets"] == "1"
@@ -102,12 +91,7 @@ def killed_and_resumed(tmp_path_factory):
                             text=True, env={**os.environ, "HVDSYNC_FAULTS": "slow@30"}, start_new_session=True)
     # Killed once the first epoch is committed: its metrics come from this job, the second epoch's from the resumed one.
     elastic_workers.wait_for(lambda: _committed_epoch(tmp / "ckpt") >= 1, "the first epoch's checkpoint")
-    pids = elastic_launch.worker_pids(logs)
-    os.killpg(proc.pid, signal.SIGKILL)
-    for pid in pids.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    elastic_workers.kill_whole(proc, logs)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
     killed = client.search_runs([e.experiment_id for e in client.search_experiments()])
     resumed = subprocess.run(_cli(tmp, "--resume"), capture_output=True, text=True, timeout=600,
@@ -119,12 +103,12 @@ def killed_and_resumed(tmp_path_factory):
 def test_a_job_killed_whole_and_resumed_is_one_run_that_says_so(killed_and_resumed):
     killed, result, tmp = killed_and_resumed
     assert [r.info.status for r in killed] == ["RUNNING"]   # killed whole: nobody could end it then
-    client, run = _only_run(f"sqlite:///{tmp / 'mlflow.db'}")
+    client, run = only_run(f"sqlite:///{tmp / 'mlflow.db'}")
     assert run.info.run_id == killed[0].info.run_id == result["run_id"]
     assert run.info.status == "FINISHED"
     tags = run.data.tags
     assert "ended without ending the run" in tags["hvdsync.ended_by"]   # the resumed job's launcher noticed
     assert tags["hvdsync.resumes"] == "1" and "after ending KILLED" in tags["hvdsync.resume.1"]
     # Epoch 0 from the killed job, epoch 1 from the resumed one: continuous by step, each once.
-    assert _epochs(client, run.info.run_id) == [0, 1]
+    assert epochs(client, run.info.run_id) == [0, 1]
     assert result["history"][0]["epoch"] == 0               # the resumed job carries the killed one's history on

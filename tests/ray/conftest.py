@@ -19,6 +19,7 @@ this session's temp dir, and ``RAY_AUTH_*`` of the caller's environment is never
 
 Skipped with one line where Ray is not installed (``pip install 'hvdsync[ray]'``) or test hosts cannot be made.
 """
+import contextlib
 import importlib.util
 import json
 import os
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -63,6 +65,23 @@ def user_home(path: Path, token: str | None) -> Path:
     if token is not None:
         (path / ".ray" / "auth_token").write_text(token + "\n")
     return path
+
+
+def reap(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Wait for a `ray start --block` told to stop (SIGTERM: it stops its node's processes); its whole process
+    group killed where it has not ended in ``timeout`` s."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _result(returncode: int, output: str, shown: str) -> dict:
+    """The ``RESULT <json>`` line of a tests/ray/ray_jobs.py driver that exited 0; ``shown`` where it did not."""
+    line = next((x for x in output.splitlines() if x.startswith("RESULT ")), None)
+    assert returncode == 0 and line, shown
+    return json.loads(line[len("RESULT "):])
 
 
 class RayCluster:
@@ -124,11 +143,7 @@ class RayCluster:
             if proc.poll() is None:
                 proc.terminate()  # `ray start --block` stops its node's processes on SIGTERM
         for proc in self.nodes.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            reap(proc)
         self.nodes = {}
 
     def logs(self) -> str:
@@ -138,9 +153,31 @@ class RayCluster:
         """Run tests/ray/ray_jobs.py's driver on node1 with ``spec``; returns its result."""
         out = self.hosts.run("node1", [sys.executable, "-m", "tests.ray.ray_jobs", json.dumps(spec)], cwd=ROOT,
                              env=self.env(**env), timeout=timeout)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-        assert out.returncode == 0 and line, out.stdout[-3000:] + out.stderr[-5000:]
-        return json.loads(line[len("RESULT "):])
+        return _result(out.returncode, out.stdout, out.stdout[-3000:] + out.stderr[-5000:])
+
+    @contextlib.contextmanager
+    def driving(self, spec: dict, log_path: Path, **env) -> Iterator[subprocess.Popen]:
+        """tests/ray/ray_jobs.py's driver on node1 while the block changes the cluster under it; its output goes to
+        ``log_path`` (printed with the nodes' logs where the block fails), and it is killed if still running after.
+        :meth:`outcome` reads its result once it has ended."""
+        with open(log_path, "w") as log:
+            job = self.hosts.popen("node1", [sys.executable, "-m", "tests.ray.ray_jobs", json.dumps(spec)], cwd=ROOT,
+                                   env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, text=True)
+            try:
+                yield job
+            except BaseException:
+                log.flush()
+                print(log_path.read_text()[-5000:] + self.logs(), file=sys.stderr)
+                raise
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait()
+
+    @staticmethod
+    def outcome(job: subprocess.Popen, log_path: Path) -> dict:
+        text = log_path.read_text()
+        return _result(job.returncode, text, text[-5000:])
 
     def hvdsync(self, *argv: str, timeout: float = 300, cwd: Path = ROOT, **env) -> subprocess.CompletedProcess:
         """``hvdsync ...`` on node1 (text output), in ``cwd`` (MLflow puts a sqlite store's artifacts in its

@@ -9,7 +9,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.hosts.checkpoints import checkpoints, wait_for
-from tests.ray.conftest import NO_RAY, ROOT
+from tests.ray.conftest import NO_RAY
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip(NO_RAY, allow_module_level=True)  # one line for the whole file
@@ -117,40 +116,28 @@ def story(ray_cluster, tmp_path_factory):
     spec = {"job": "train", "config": config, "address": ray_cluster.address, "cpus_per_worker": 2,
             "log_dir": str(run_dir), "record_reads": True, "faults": "slow@150"}
     seen: dict = {}
-    log = open(tmp / "driver.log", "w")
+    driver_log = tmp / "driver.log"
     start = time.time()
-    job = ray_cluster.hosts.popen("node1", [sys.executable, "-m", "tests.ray.ray_jobs", json.dumps(spec)], cwd=ROOT,
-                                  env=ray_cluster.env(HOROVOD_GLOO_TIMEOUT_SECONDS="60"), stdout=log,
-                                  stderr=subprocess.STDOUT, text=True)
     try:
-        first = _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["step"] >= 4],
-                          "a checkpoint of 2 workers", job)
-        seen["started_s"] = first[0]["time"] - start
-        seen["lost_at"] = time.time()
-        ray_cluster.kill_raylet("node2")
-        _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 1], "a checkpoint of 1 worker", job)
-        seen["restored_at"] = time.time()
-        ray_cluster.start("node2")
-        _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["time"] > seen["restored_at"]],
-                  "a checkpoint of 2 workers again", job)
-        job.wait(timeout=240)
-        seen["end"] = time.time()
-    except BaseException:
-        log.flush()
-        print((tmp / "driver.log").read_text()[-5000:] + ray_cluster.logs(), file=sys.stderr)
-        raise
+        with ray_cluster.driving(spec, driver_log, HOROVOD_GLOO_TIMEOUT_SECONDS="60") as job:
+            first = _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["step"] >= 4],
+                              "a checkpoint of 2 workers", job)
+            seen["started_s"] = first[0]["time"] - start
+            seen["lost_at"] = time.time()
+            ray_cluster.kill_raylet("node2")
+            _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 1], "a checkpoint of 1 worker", job)
+            seen["restored_at"] = time.time()
+            ray_cluster.start("node2")
+            _wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["time"] > seen["restored_at"]],
+                      "a checkpoint of 2 workers again", job)
+            job.wait(timeout=240)
+            seen["end"] = time.time()
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-        log.close()
         if "node2" not in ray_cluster.nodes:  # the cluster goes back to the session as it came
             ray_cluster.start("node2")
             ray_cluster.wait_nodes(2)
-    text = (tmp / "driver.log").read_text()
-    line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
-    assert job.returncode == 0 and line, text[-5000:]
-    result = json.loads(line[len("RESULT "):])["result"]
+    result = ray_cluster.outcome(job, driver_log)["result"]
+    text = driver_log.read_text()
     rows = result["timeline"]
     seen["recovery_s"] = next(r[0] for r in rows if r[2] == 1 and r[0] > seen["lost_at"]) - seen["lost_at"]
     seen["grow_s"] = next(r[0] for r in rows if r[2] == 2 and r[0] > seen["restored_at"]) - seen["restored_at"]

@@ -10,9 +10,7 @@ output or the MLflow store, and a cluster without authentication still works wit
 """
 import importlib.util
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray.conftest import BIN, NO_RAY, ROOT, clean_env, user_home
+from tests.ray.conftest import BIN, NO_RAY, ROOT, clean_env, reap, user_home
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip(NO_RAY, allow_module_level=True)
@@ -118,11 +116,7 @@ def open_cluster(ray_cluster):
         yield address, temp
     finally:
         head.terminate()
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        reap(head, timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
 
 

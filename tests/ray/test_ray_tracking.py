@@ -6,17 +6,15 @@ MLflow sender (only rank 0 tracks); the test kills that worker process, not its 
 """
 import contextlib
 import importlib.util
-import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.hosts.checkpoints import checkpoints, wait_for
-from tests.ray.conftest import NO_RAY, ROOT
+from tests.mlflow_runs import one_finished_run
+from tests.ray.conftest import NO_RAY
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip(NO_RAY, allow_module_level=True)  # one line for the whole file
@@ -47,41 +45,19 @@ def rank0_killed(ray_cluster, tmp_path_factory):
                           "keep": 200, "checkpoint_dir": str(ckpt)}}
     spec = {"job": "train", "config": config, "address": ray_cluster.address, "cpus_per_worker": 2,
             "log_dir": str(run_dir), "faults": "slow@100"}
-    log = open(tmp / "driver.log", "w")
-    job = ray_cluster.hosts.popen("node1", [sys.executable, "-m", "tests.ray.ray_jobs", json.dumps(spec)], cwd=ROOT,
-                                  env=ray_cluster.env(HOROVOD_GLOO_TIMEOUT_SECONDS="60"), stdout=log,
-                                  stderr=subprocess.STDOUT, text=True)
-    try:
+    driver_log = tmp / "driver.log"
+    with ray_cluster.driving(spec, driver_log, HOROVOD_GLOO_TIMEOUT_SECONDS="60") as job:
         wait_for(lambda: [c for c in checkpoints(ckpt) if c["world_size"] == 2 and c["step"] >= 4],
                  "a checkpoint of 2 workers", timeout=180, job=job)
         killed = wait_for(lambda: _rank0_worker(ray_cluster), "rank 0's MLflow sender", timeout=60, job=job)
         os.kill(killed, signal.SIGKILL)
         job.wait(timeout=400)
-    except BaseException:
-        log.flush()
-        print((tmp / "driver.log").read_text()[-5000:] + ray_cluster.logs(), file=sys.stderr)
-        raise
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-        log.close()
-    text = (tmp / "driver.log").read_text()
-    line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
-    assert job.returncode == 0 and line, text[-5000:]
-    return json.loads(line[len("RESULT "):])["result"], uri, Path(tmp)
+    return ray_cluster.outcome(job, driver_log)["result"], uri, Path(tmp)
 
 
 def test_rank_0_killed_on_ray_leaves_one_finished_run_with_every_epoch_once(rank0_killed):
-    import mlflow
-
     result, uri, _ = rank0_killed
     assert [(e["size_before"], e["size_after"]) for e in result["resets"]] == [(2, 1)]
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [(r.info.run_id, r.info.status) for r in runs] == [(result["run_id"], "FINISHED")]
-    for key in ("train_loss", "test_accuracy"):
-        assert sorted(m.step for m in client.get_metric_history(result["run_id"], key)) == list(range(EPOCHS)), key
-    tags = runs[0].data.tags
+    tags = one_finished_run(uri, result["run_id"], EPOCHS)
     assert tags["hvdsync.launcher"] == "ray" and tags["hvdsync.world_sizes"] == "2,1"
     assert tags["hvdsync.resets"] == "1" and "worker lost" in tags["hvdsync.reset.1"]

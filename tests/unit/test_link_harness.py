@@ -1,11 +1,9 @@
 """The link benchmark's fair harness (hvdlab.bench.link_fair, link_report, link_ddp; benchmarks/link.py): placement
 read from inside a worker and a contender refused by name, the A B A B order, the record's rows from repeats, the
 accuracy statistics and the test set's size, DDP's sample order and its PowerSGD priming. Nothing is timed."""
-import importlib.util
 import os
 import socket
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,19 +11,13 @@ import pytest
 
 from hvdlab.bench import link_ddp, link_fair
 from hvdlab.bench.link_report import accuracy_summary, aggregate, versus_ddp
+from tests import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _link_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("link_bench", ROOT / "benchmarks" / "link.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return benchmark_scripts.load("link")
 
 
 def _worker(host, cpus, threads, pid=1):
