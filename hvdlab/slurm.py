@@ -229,9 +229,18 @@ class SlurmCluster:
     def state(self, job: int) -> str:
         """The job's state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ``FAILED``...) from
         ``scontrol show job`` while the controller remembers it (``MinJobAge``), else ``GONE``."""
-        out = self.run(["scontrol", "-o", "show", "job", str(job)], timeout=20)
+        try:
+            out = self.run(["scontrol", "-o", "show", "job", str(job)], timeout=20)
+        except subprocess.TimeoutExpired:
+            # slurmctld holds its job lock while it launches or reaps a step; on 2 loaded cores one answer has
+            # taken over 20 s. The job's state is then unknown, not gone: the caller polls again.
+            return "UNKNOWN"
         match = re.search(r"\bJobState=(\S+)", out.stdout)
-        return match[1] if match else "GONE"
+        if match:
+            return match[1]
+        # Only the controller saying it no longer knows the job means gone; a controller that did not answer
+        # ("Unable to contact slurm controller", a socket timeout) says nothing about the job.
+        return "GONE" if "invalid job id" in out.stderr.lower() else "UNKNOWN"
 
     def wait(self, job: int, timeout: float = 300, until=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
                                                               "NODE_FAIL", "OUT_OF_MEMORY", "GONE")) -> str:
@@ -242,7 +251,8 @@ class SlurmCluster:
             if state in until:
                 return state
             if time.monotonic() > deadline:
-                self.run(["scancel", str(job)], timeout=20)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.run(["scancel", str(job)], timeout=20)
                 raise RuntimeError(f"job {job} still {state} after {timeout:.0f} s; cancelled")
             time.sleep(0.5)
 

@@ -387,6 +387,10 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
     from hvdsync.launch.local import job_run
 
     require_ray()  # one line before the job's run is made, where Ray is missing
+    # An address where no head answers, or a cluster that refuses this process's token, is one line before the
+    # job's run is made too (not a FAILED run); the cluster's size is checked once connected.
+    address = resolve_address(address)
+    ray_auth.needs_token(address)
     if not cfg.elastic.enabled:
         # One MLflow run per job, made here before any worker starts; its id reaches the workers with the other
         # HVDSYNC_ variables (_worker_env).
