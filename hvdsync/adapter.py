@@ -18,7 +18,9 @@ import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from hvdsync.config import ConfigError, SyncConfig
-from hvdsync.core.train.runtime import REDUCE_OP_NAMES
+from hvdsync.core.telemetry.observe import prepare_timeline
+from hvdsync.core.train import seeding
+from hvdsync.core.train.runtime import REDUCE_OP_NAMES, WorkerInfo, apply_horovod_env, report_knobs
 
 if TYPE_CHECKING:
     from hvdsync.core.comm.codecs import Codec, WireCounter
@@ -122,6 +124,20 @@ update is then the gradient of the mean loss over the global step. Keras' ``comp
 losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
 that applies Keras' averaging."""
 
+
+
+def start_horovod(hvd, cfg) -> WorkerInfo:
+    """What both adapters' ``init`` do around ``hvd.init()`` (``hvd``: ``horovod.torch`` or
+    ``horovod.tensorflow``), in the order Horovod needs: the deterministic environment, ``HOROVOD_TIMELINE`` and
+    Horovod's knobs from ``cfg.sync`` are read by ``hvd.init``, so they are set before it (a knob the environment
+    sets wins: :func:`~hvdsync.core.train.runtime.apply_horovod_env`); the knobs that applied are reported on rank 0."""
+    if cfg.train.deterministic:
+        seeding.apply_deterministic_env()
+    prepare_timeline(cfg)
+    knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
+    hvd.init()
+    report_knobs(knobs, hvd.rank())
+    return WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
 
 def states_the_accumulation_rule(fn: Callable) -> Callable:

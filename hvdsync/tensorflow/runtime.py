@@ -7,11 +7,11 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdsync.adapter import start_horovod
 from hvdsync.core.train import seeding
 from hvdsync.core.train.gpus import (check_nccl, check_not_shared, driver_cuda, gpu_placement, present_gpus,
                                      visible_gpus)
-from hvdsync.core.telemetry.observe import prepare_timeline
-from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
+from hvdsync.core.train.runtime import WorkerInfo
 
 
 def _set_threads(n: int) -> None:
@@ -91,14 +91,7 @@ def init(cfg=None) -> WorkerInfo:
     from hvdsync.config import Config
 
     cfg = cfg or Config()
-    if cfg.train.deterministic:
-        seeding.apply_deterministic_env()
-    prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
-    # Horovod's knobs from cfg.sync unless the environment sets them (hvdsync.core.train.runtime), as in hvdsync.torch.init.
-    knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
-    hvd.init()
-    report_knobs(knobs, hvd.rank())
-    info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    info = start_horovod(hvd, cfg)
     _pin_gpu(info, cfg.train.device)
     _set_threads(seeding.threads_per_worker(info.local_size))
     keras.utils.set_random_seed(cfg.train.seed)  # TensorFlow's seed and Keras' global generator (reset)

@@ -6,11 +6,11 @@ import os
 import horovod.torch as hvd
 import torch
 
+from hvdsync.adapter import start_horovod
 from hvdsync.core.train import seeding
 from hvdsync.core.train.gpus import (check_nccl, check_not_shared, driver_cuda, gpu_placement, present_gpus,
                                      visible_gpus)
-from hvdsync.core.telemetry.observe import prepare_timeline
-from hvdsync.core.train.runtime import WorkerInfo, apply_horovod_env, report_knobs
+from hvdsync.core.train.runtime import WorkerInfo
 
 
 def init(cfg=None) -> WorkerInfo:
@@ -37,13 +37,7 @@ def init(cfg=None) -> WorkerInfo:
         # Before hvd.init and torch's first CUDA call: neither this process nor Horovod's NCCL side then opens a GPU
         # (a CUDA context costs ~500 MB of GPU memory per rank, and a rank on a busy GPU slows its owner).
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    if cfg.train.deterministic:
-        seeding.apply_deterministic_env()
-    prepare_timeline(cfg)  # HOROVOD_TIMELINE must be set before hvd.init
-    knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
-    hvd.init()
-    report_knobs(knobs, hvd.rank())
-    info = WorkerInfo(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    info = start_horovod(hvd, cfg)
     index = None
     if not _on_cpu:
         facts = _cuda_facts()
