@@ -92,8 +92,8 @@ assert np.count_nonzero(sent) == codec.k(40) and np.array_equal(residual + sent,
 # %% [markdown]
 # ## 2 · Every codec on 2 workers
 #
-# One `launch.train_many` job trains the 8 variants one after the other (one Horovod start-up). Each run reports
-# the bytes its rank handed to Horovod (counted by hvdsync's wire counter: values *and* indices, scales, factors),
+# One `launch.train_many` job trains the 8 variants one after the other (one Horovod start-up), and after them
+# section 5's three runs with momentum (read there). Each run reports the bytes its rank handed to Horovod (counted by hvdsync's wire counter: values *and* indices, scales, factors),
 # the bytes its codec's formula predicts, the test accuracy per epoch, and the largest difference between the
 # ranks' parameter fingerprints after any step.
 
@@ -101,9 +101,16 @@ assert np.count_nonzero(sent) == codec.k(40) and np.array_equal(residual + sent,
 variants = [("none", True), ("fp16", True), ("bf16", True), ("int8", True), ("powersgd:2", True),
             ("randk:0.1", True), ("topk:0.01", True), ("topk:0.01", False)]
 cfgs = [base.replace(sync={"compression": c, "error_feedback": ef}) for c, ef in variants]
+# Section 5's runs: SGD with momentum 0.9, no compression and top-1 % with and without momentum correction.
+mom = Config.from_dict({"train": {"np": 2, "epochs": 8, "optimizer": "sgd", "momentum": 0.9, "lr": 0.1},
+                        "tracking": {"enabled": False}})
+mom_cfgs = [mom.replace(sync={"compression": "none"}),
+            mom.replace(sync={"compression": "topk:0.01", "momentum_correction": True}),
+            mom.replace(sync={"compression": "topk:0.01", "momentum_correction": False})]
 start = time.perf_counter()
-results = launch.train_many(cfgs, check_every_step=True)
-print(f"{len(cfgs)} trainings on 2 workers in {time.perf_counter() - start:.0f} s (start-up included)")
+everything = launch.train_many(cfgs + mom_cfgs, check_every_step=True)
+results, mom_runs = everything[:len(cfgs)], everything[len(cfgs):]
+print(f"{len(everything)} trainings on 2 workers in {time.perf_counter() - start:.0f} s (start-up included)")
 
 
 def label(r):
@@ -174,15 +181,10 @@ assert none["wire"]["bytes"] / ef["wire"]["bytes"] >= 50
 # front of the sparsifier: each rank accumulates its velocity `u = m·u + g`, the residual holds velocity, and a
 # coordinate that is sent restarts its velocity from zero (momentum factor masking); the optimizer then steps
 # without momentum. `sync.momentum_correction` (on by default) does this for `topk` and `randk`, taking the
-# momentum out of the SGD optimizer; here it is switched off for comparison.
+# momentum out of the SGD optimizer; here it is switched off for comparison. The three runs were trained in
+# section 2's job (`mom_runs`).
 
 # %%
-mom = Config.from_dict({"train": {"np": 2, "epochs": 8, "optimizer": "sgd", "momentum": 0.9, "lr": 0.1},
-                        "tracking": {"enabled": False}})
-mom_runs = launch.train_many([mom.replace(sync={"compression": "none"}),
-                              mom.replace(sync={"compression": "topk:0.01", "momentum_correction": True}),
-                              mom.replace(sync={"compression": "topk:0.01", "momentum_correction": False})],
-                             check_every_step=True)
 fig, ax = plt.subplots(figsize=(7, 3.5))
 for r, style, name in zip(mom_runs, ("k-", "b-", "r--"), ("none", "top-1 %, momentum correction",
                                                          "top-1 %, no correction")):
