@@ -107,7 +107,7 @@ assert 6 < finer < 10
 # not speed). `skipped_steps` counts steps skipped for an overflow.
 
 # %%
-base = Config.from_dict({"train": {"np": 2, "epochs": 6}, "tracking": {"enabled": False}})
+base = Config.from_dict({"train": {"np": 2, "epochs": 3}, "tracking": {"enabled": False}})
 start = time.perf_counter()
 # The fourth run also sends its gradients as float16 (`sync.compression: fp16`), for §3.
 runs = launch.train_many([base.replace(train={"precision": p}) for p in ("fp32", "fp16", "bf16")]
