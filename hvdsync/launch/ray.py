@@ -384,13 +384,25 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
         raise ConfigError(f"{'/'.join('--' + k.replace('_', '-') for k in where)}: not used with --ray; Ray places "
                           "the workers on its nodes")
     preflight(cfg)
+    ray = require_ray()  # one line before the job's run is made, where Ray is missing
+    address = resolve_address(address)
+    # Connected once, here, before the job's MLflow run is made: an address where no head answers, a cluster that
+    # refuses this process's token and a cluster too small for the job are each one line, not a FAILED run.
+    # run() and run_elastic() go on with this connection.
+    with _connected(ray, address, quiet):
+        if cfg.elastic.enabled:
+            check_capacity(ray, address, cfg.elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
+        else:
+            check_capacity(ray, address, cfg.train.np, cpus_per_worker, gpus_per_worker)
+        return _train_connected(cfg, address, quiet, progress, log_dir, cpus_per_worker, gpus_per_worker,
+                                network_interfaces, faults, record_reads)
+
+
+def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log_dir: str | Path | None,
+                     cpus_per_worker: float, gpus_per_worker: float, network_interfaces: list[str] | None,
+                     faults: str, record_reads: bool):
     from hvdsync.launch.local import job_run
 
-    require_ray()  # one line before the job's run is made, where Ray is missing
-    # An address where no head answers, or a cluster that refuses this process's token, is one line before the
-    # job's run is made too (not a FAILED run); the cluster's size is checked once connected.
-    address = resolve_address(address)
-    ray_auth.needs_token(address)
     if not cfg.elastic.enabled:
         # One MLflow run per job, made here before any worker starts; its id reaches the workers with the other
         # HVDSYNC_ variables (_worker_env).

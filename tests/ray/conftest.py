@@ -185,10 +185,11 @@ class RayCluster:
         return self.hosts.run("node1", [str(BIN / "hvdsync"), *argv], cwd=cwd, env=self.env(**env),
                               timeout=timeout)
 
-    def refused(self, *argv: str, **env) -> str:
+    def refused(self, *argv: str, tracking_uri: str | None = None, **env) -> str:
         """An `hvdsync train` on node1 that must stop before any worker starts: exit status 2, one line on stderr,
-        nothing on stdout; returns the line."""
-        out = self.hvdsync("train", "--no-track", *argv, timeout=120, **env)
+        nothing on stdout; returns the line. Untracked unless ``tracking_uri`` is given."""
+        track = ["--tracking-uri", tracking_uri] if tracking_uri else ["--no-track"]
+        out = self.hvdsync("train", *track, *argv, timeout=120, **env)
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         lines = [x for x in out.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and not out.stdout.strip(), out.stdout[-2000:] + out.stderr[-2000:]

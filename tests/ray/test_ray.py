@@ -76,16 +76,20 @@ def _refused(cluster, *argv, **env) -> str:
     return cluster.refused(*argv, **env)
 
 
-def test_bad_input_stops_before_any_worker_with_one_line(ray_cluster):
+def test_bad_input_stops_before_any_worker_with_one_line(ray_cluster, tmp_path):
     line = _refused(ray_cluster, "--ray", "127.0.0.1:6399")            # node1's loopback: nothing listens there
     assert line == ("hvdsync: error: ray_address: nothing listens at 127.0.0.1:6399 (connection refused); start the "
                     "head there (`ray start --head --port 6399`) or give the address it printed")
     silent = ray_cluster.address.rsplit(".", 1)[0] + ".99"             # the test hosts' subnet, no host there
     line = _refused(ray_cluster, "--ray", f"{silent}:{6379}")
     assert f"ray_address: {silent}:6379 does not answer" in line
-    line = _refused(ray_cluster, "--ray", ray_cluster.address, "--np", "5")
+    # Tracked: a job the cluster cannot hold is refused before its MLflow run is made (no FAILED run; no store).
+    store = tmp_path / "mlflow.db"
+    line = _refused(ray_cluster, "--ray", ray_cluster.address, "--np", "5", "--set",
+                    f"tracking.spool_dir={tmp_path / 'spool'}", tracking_uri=f"sqlite:///{store}")
     assert line.startswith(f"hvdsync: error: np: 5 workers of 1 CPU each do not fit the Ray cluster at "
                            f"{ray_cluster.address}: its 2 nodes have 4 CPUs (")
+    assert not store.exists()
     line = _refused(ray_cluster, "--ray", "auto", "--elastic", "--np", "5", "--min-np", "5", "--max-np", "6",
                     RAY_ADDRESS=ray_cluster.address)
     assert "elastic.min_np: 5 workers of 1 CPU each do not fit" in line
