@@ -98,7 +98,7 @@ print(f"{len(steps[0])} steps on each rank; every one of the 5,000 samples read 
 # ## 2 · Equal vs adaptive shares with one rank 2x slower
 #
 # One `launch.run` job trains the same model from the same start three times: no slow rank (reference), equal
-# shares and adaptive shares. The data is *your own* `Dataset` read through a `DataLoader` whose batch sampler is
+# shares and adaptive shares (and then, in the same job, section 3's two runs). The data is *your own* `Dataset` read through a `DataLoader` whose batch sampler is
 # hvdsync's `PlanSampler`; the `Dataset` counts every sample it hands out, per epoch, so "read exactly once" is
 # counted where the data is read, not inferred from the plan.
 
@@ -147,16 +147,28 @@ def share_run(cfg_dict, slowdown):
             "reads_min": counted.min(1).tolist(), "reads_max": counted.max(1).tolist()}
 
 
-def share_runs(runs):
-    return [share_run(d, slowdown) for d, slowdown in runs]
+def share_runs(runs, then=()):
+    """The runs above; then the configs `then` (section 3) as `launch.train_many` trains them, in the same job."""
+    from hvdsync.launch.worker import fit_many
+
+    return [share_run(d, slowdown) for d, slowdown in runs], fit_many(list(then))
+
+
+# Section 3's runs (a constant and a growing batch on the digits), trained in this job after the three.
+digits = Config.from_dict({"data": {"dataset": "digits", "batch_size": 16}, "train": {"np": 2, "epochs": 6},
+                           "tracking": {"enabled": False}, "monitor": {"every": 0}})
+growth = {2: 2, 4: 4}
 
 
 runs = {"no slow rank": (base, 1.0), "equal shares": (base.replace(data={"shares": "equal"}), SLOWDOWN),
         "adaptive shares": (base.replace(data={"shares": "adaptive"}), SLOWDOWN)}
 start = time.perf_counter()
-results = dict(zip(runs, launch.run(share_runs, args=([(c.to_dict(), s) for c, s in runs.values()],), np=2,
-                                    progress=False)[0]))
-print(f"2 Horovod workers trained {len(runs)} models in {time.perf_counter() - start:.1f} s (start-up included)")
+shared, (constant, grown) = launch.run(share_runs, args=([(c.to_dict(), s) for c, s in runs.values()],
+                                                         [d.to_dict() for d in (digits, digits.replace(
+                                                             data={"batch_growth": growth}))]),
+                                       np=2, progress=False)[0]
+results = dict(zip(runs, shared))
+print(f"2 Horovod workers trained {len(runs)} + 2 models in {time.perf_counter() - start:.1f} s (start-up included)")
 
 # %%
 print(f"{'run':<16} | epoch seconds per epoch        | samples rank 0 / rank 1 (last epoch) | reads per sample "
@@ -214,15 +226,12 @@ plt.show()
 # ## 3 · A growing batch: fewer all-reduces per epoch
 #
 # `data.batch_growth: {2: 2, 4: 4}` doubles the batch at epoch 2 and again at epoch 4; the learning rate grows by
-# the square root of the factor (`train.growth_lr: sqrt`). Against a constant batch, on the digits, both through
-# `hvdsync.launch.local.train_many` (one job). The all-reduce rounds per epoch are *counted* (gradient tensors handed to
+# the square root of the factor (`train.growth_lr: sqrt`). Against a constant batch, on the digits, both trained
+# in section 2's job after its three runs, as `hvdsync.launch.local.train_many` trains them (`fit_many` in each
+# worker). The all-reduce rounds per epoch are *counted* (gradient tensors handed to
 # Horovod over the tensors of one round), not computed from the plan.
 
 # %%
-digits = Config.from_dict({"data": {"dataset": "digits", "batch_size": 16}, "train": {"np": 2, "epochs": 6},
-                           "tracking": {"enabled": False}, "monitor": {"every": 0}})
-growth = {2: 2, 4: 4}
-constant, grown = launch.train_many([digits, digits.replace(data={"batch_growth": growth})])
 print("epoch | global batch (const / grown) | all-reduces (const / grown) | test accuracy (const / grown)")
 for c, g in zip(constant["history"], grown["history"]):
     print(f"{c['epoch']:>5} | {c['global_batch']:>12.0f} / {g['global_batch']:<13.0f} | {c['sync_rounds']:>11.0f} / "
