@@ -142,11 +142,11 @@ plt.show()
 # %% [markdown]
 # With 2 workers both neighbours are the same rank and a mixing is an exact average (distance 0 after it). On 4
 # real workers each rank mixes with two different neighbours (Metropolis weights 1/3 each): a mixing shrinks the
-# distance without closing it. Gossip every step, 2 epochs (the 4 workers share the 2 cores, so only the
+# distance without closing it. Gossip every step, 1 epoch (the 4 workers share the 2 cores, so only the
 # consensus is looked at here, not the time).
 
 # %%
-four = launch.run(train_modes, args=(cfg.replace(train={"np": 4, "epochs": 2}).to_dict(),
+four = launch.run(train_modes, args=(cfg.replace(train={"np": 4, "epochs": 1}).to_dict(),
                                      {"gossip H=1": {"mode": "gossip"}}), np=4, sync=cfg.sync, progress=False)[0]
 rec4 = np.array(four["gossip H=1"]["consensus"][1:])
 shrink = rec4[:, 2] / rec4[:, 1]
