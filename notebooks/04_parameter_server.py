@@ -69,16 +69,24 @@ from hvdlab.torch.modes import train_modes
 cfg = Config().replace(train={"np": 2, "epochs": 3, "seed": 1}, data={"batch_size": 32},
                        tracking={"enabled": False})
 MODES = {"ring all-reduce": {}, "sharded PS": {"mode": "ps"}, "single-server PS": {"mode": "ps", "ps_servers": 1}}
+SIZES = [4 * 2**20, 16 * 2**20]   # section 3's buffer sizes (timed in section 1's job)
 
 # %% [markdown]
 # ## 1 · Same training, three ways
 #
 # One pair of workers trains the same MLP from the same start three times (SGD with momentum 0.9; at the owner the
 # optimizer is a new one of the same class and settings over its shard). The parameters must agree to float
-# rounding: only the order of the additions differs.
+# rounding: only the order of the additions differs. The same job then times section 3's patterns (one Horovod
+# start-up for both).
 
 # %%
-runs = launch.run(train_modes, args=(cfg.to_dict(), MODES), np=2, sync=cfg.sync, progress=False)
+def train_then_time(cfg_dict, modes, sizes):
+    return train_modes(cfg_dict, modes), collective_times(sizes, 5, ("ring", "sharded_ps", "ps", "call"))
+
+
+both = launch.run(train_then_time, args=(cfg.to_dict(), MODES, SIZES), np=2, sync=cfg.sync, progress=False)
+runs = [trained for trained, _ in both]        # per rank: section 1's trainings
+per_rank = [timed for _, timed in both]        # per rank: section 3's timings
 ring = runs[0]["ring all-reduce"]
 for name, r in runs[0].items():
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(r["params"], ring["params"]))
@@ -180,18 +188,16 @@ plt.show()
 # %% [markdown]
 # ## 3 · Time: the patterns measured, and the model's ranking
 #
-# `collective_times` times one round of each pattern through Horovod (a warm-up round, then 5 rounds that visit
-# every size and pattern in turn; each timing the slowest rank's) for 4 and 16 MiB, and one 4-byte all-reduce: the
-# fixed cost of a Horovod call (its negotiation), paid once per call whatever the size. The model as Horovod runs
+# `collective_times` (in section 1's job, after the trainings) timed one round of each pattern through Horovod (a
+# warm-up round, then 5 rounds that visit every size and pattern in turn; each timing the slowest rank's) for 4 and
+# 16 MiB, and one 4-byte all-reduce: the fixed cost of a Horovod call (its negotiation), paid once per call whatever
+# the size. The model as Horovod runs
 # the patterns (`costmodel.horovod_time`: one call for the ring, two for the sharded PS, Gloo's tree broadcast for
 # the single server), with that call cost and alpha, beta fitted to the ring on the same run, gives a time for
 # the others; the cell prints the model's time over the measured one for each (in this run's numbers, not
 # asserted: other jobs on the same cores move single timings).
 
 # %%
-SIZES = [4 * 2**20, 16 * 2**20]
-per_rank = launch.run(collective_times, args=(SIZES, 5, ("ring", "sharded_ps", "ps", "call")), np=2, sync=cfg.sync,
-                      progress=False)
 med = {p: [float(np.median(per_rank[0]["times"][p][s])) for s in SIZES] for p in ("ring", "sharded_ps", "ps")}
 call = float(np.median([t for s in SIZES for t in per_rank[0]["times"]["call"][s]]))
 link = costmodel.fit_link(SIZES, med["ring"], 2, call=call)
