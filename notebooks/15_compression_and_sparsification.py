@@ -64,7 +64,7 @@ from hvdsync.config import Config
 from hvdsync.core.comm.codecs import CodecState, get_codec
 from hvdlab.codecs_numpy import NumpyOps, simulate
 
-base = Config.from_dict({"train": {"np": 2, "epochs": 8, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5},
+base = Config.from_dict({"train": {"np": 2, "epochs": 6, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5},
                          "tracking": {"enabled": False}})
 print(f"digits, MLP 64-{base.train.hidden}-10, plain SGD lr {base.train.lr}, {base.train.epochs} epochs of "
       f"{base.train.np} x {base.data.batch_size} samples per step")
@@ -102,7 +102,7 @@ variants = [("none", True), ("fp16", True), ("bf16", True), ("int8", True), ("po
             ("randk:0.1", True), ("topk:0.01", True), ("topk:0.01", False)]
 cfgs = [base.replace(sync={"compression": c, "error_feedback": ef}) for c, ef in variants]
 # Section 5's runs: SGD with momentum 0.9, no compression and top-1 % with and without momentum correction.
-mom = Config.from_dict({"train": {"np": 2, "epochs": 8, "optimizer": "sgd", "momentum": 0.9, "lr": 0.1},
+mom = Config.from_dict({"train": {"np": 2, "epochs": 6, "optimizer": "sgd", "momentum": 0.9, "lr": 0.1},
                         "tracking": {"enabled": False}})
 mom_cfgs = [mom.replace(sync={"compression": "none"}),
             mom.replace(sync={"compression": "topk:0.01", "momentum_correction": True}),
