@@ -228,7 +228,8 @@ class SlurmCluster:
 
     def state(self, job: int) -> str:
         """The job's state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ``FAILED``...) from
-        ``scontrol show job`` while the controller remembers it (``MinJobAge``), else ``GONE``."""
+        ``scontrol show job`` while the controller remembers it (``MinJobAge``), ``GONE`` once it says it does not, and
+        ``UNKNOWN`` while it does not answer."""
         try:
             out = self.run(["scontrol", "-o", "show", "job", str(job)], timeout=20)
         except subprocess.TimeoutExpired:
