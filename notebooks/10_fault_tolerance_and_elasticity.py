@@ -156,15 +156,14 @@ print(f"in this run: a step followed by a commit took {with_commit:.1f} ms (medi
 # %% [markdown]
 # ## 3 · Lose the whole job, resume from disk
 #
-# Now rank 0 also writes a durable checkpoint at every commit (keeping the last 3), and the job is one epoch long
-# (43 steps; the resumed job only has to finish it). When the job has written three checkpoints,
+# Now rank 0 also writes a durable checkpoint at every commit (keeping the last 3). When the job has written a few,
 # every worker is killed at once: no survivor, nothing in memory. The launcher reports the failed job. A new job
 # with `resume` picks the newest checkpoint that passes its checks and continues from its step. To show the checks,
 # we flip one byte in the newest checkpoint first: it is named in one line and skipped, and the one before it is used.
 
 # %%
 ckpt = work / "ckpt"
-lost_cfg = cfg.replace(train={"epochs": 1}, elastic={"checkpoint_dir": str(ckpt), "cooldown_min_s": 0, "keep": 3})
+lost_cfg = cfg.replace(elastic={"checkpoint_dir": str(ckpt), "cooldown_min_s": 0, "keep": 3})
 run_dir = work / "kill-all"
 
 
