@@ -14,7 +14,9 @@ every framework) sees the same split.
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -50,13 +52,28 @@ def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, n_clas
 def digits(test_fraction: float = 0.25, seed: int = 0, images: bool = False) -> Dataset:
     """scikit-learn's digits: 1,797 samples, 64 pixel intensities (0..16 scaled to 0..1), 10 classes; as
     ``(8, 8, 1)`` images when ``images``."""
-    from sklearn.datasets import load_digits as sklearn_digits  # here: only this data set needs scikit-learn
-
-    bunch = sklearn_digits()
-    x = (bunch.data / 16.0).astype(np.float32)
+    pixels, labels = _digits_arrays()
+    x = (pixels / 16.0).astype(np.float32)
     if images:
         x = x.reshape(-1, 8, 8, 1)
-    return _split(x, bunch.target.astype(np.int64), test_fraction, seed, 10)
+    return _split(x, labels.astype(np.int64), test_fraction, seed, 10)
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(pixels, labels) as scikit-learn's ``load_digits`` returns them, read from the CSV file scikit-learn ships
+    (``sklearn/datasets/data/digits.csv.gz``: 64 pixels then the label per row) without importing scikit-learn.
+    Importing it (and SciPy beneath it) costs every worker 1-1.5 s of CPU, more than a short job's whole data path;
+    reading the file takes ~20 ms. Where this scikit-learn keeps the file elsewhere, scikit-learn loads it."""
+    spec = importlib.util.find_spec("sklearn")   # finds the package without running it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            table = np.loadtxt(path, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(int)
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return bunch.data, bunch.target
 
 
 def synthetic(samples: int = 4096, features: int = 64, classes: int = 10, test_fraction: float = 0.25,
