@@ -120,3 +120,24 @@ def test_sweep_grid_and_monitor_config_errors():
         Config.from_dict({"monitor": {"straggler_ratio": 1}})
     with pytest.raises(ConfigError, match=r"^monitor.every: -1 is not allowed"):
         Config.from_dict({"monitor": {"every": -1}})
+
+
+def test_a_job_without_tracking_takes_no_system_samples_and_imports_no_mlflow():
+    # One Horovod rank of the real loop, tracking off: the observer still gathers every `monitor.every` steps, but
+    # samples nothing (the figures would go nowhere), so MLflow's monitors, pandas and SciPy stay unimported.
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from hvdsync.config import Config
+from hvdsync.launch import worker
+cfg = Config.from_dict({"train": {"framework": "torch", "epochs": 1}, "tracking": {"enabled": False},
+                        "monitor": {"every": 5}})
+[result] = worker.fit_many([cfg.to_dict()])
+print(result["optimizer_steps"], sorted(m for m in ("mlflow", "pandas", "scipy", "sklearn") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    steps, imported = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(steps) > 5 and imported == "[]"

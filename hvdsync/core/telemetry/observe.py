@@ -61,7 +61,10 @@ class Observer(Callback):
         self.alarms = Alarms(self.tracker, self.cfg.monitor.straggler_ratio, self.cfg.monitor.divergence_tolerance,
                              check_divergence=lockstep)
         self.messages = self.alarms.messages
-        sampling = self.cfg.tracking.system_metrics and self.every > 0 and sysmetrics.samples_here()
+        # Samples only go to the job's run: without tracking, no sampler (it would import MLflow's monitors, ~2 s of
+        # CPU on each node's first rank, and wake every second for figures nobody records).
+        sampling = (self.cfg.tracking.enabled and self.cfg.tracking.system_metrics and self.every > 0
+                    and sysmetrics.samples_here())
         self.sampler = sysmetrics.NodeSampler() if sampling else None
         self.node = sysmetrics.node_id()
         b = self.backend
