@@ -107,9 +107,14 @@ def test_every_make_target_parses_and_test_sets_up_the_system_then_the_venv_then
         out = dry(target)
         assert out.returncode == 0, (target, out.stderr)
     # The system's packages (sshd, OpenMPI, Slurm) come first, so that the one Horovod build of the set-up has MPI
-    # where the tests use it; then the set-up, then pytest, last.
-    last = [line.split()[-1] for line in dry("test").stdout.splitlines()]
-    assert last[-1] == "pytest" and last.index("scripts/install_test_hosts.sh") < last.index("scripts/install.sh"), last
+    # where the tests use it; then the set-up, then pytest, last: the one-process folders on 2 xdist workers, then
+    # every other folder (the two together are the whole suite).
+    lines = dry("test").stdout.splitlines()
+    last = [line.split()[-1] for line in lines]
+    assert last.index("scripts/install_test_hosts.sh") < last.index("scripts/install.sh"), last
+    one_process, rest = (line.split() for line in lines[-2:])
+    assert one_process[1:] == ["-m", "pytest", "-n", "2", "tests/unit", "tests/repo"], lines
+    assert rest[1:] == ["-m", "pytest", "--ignore=tests/unit", "--ignore=tests/repo"], lines
 
 
 def test_each_horovod_patch_says_why_and_which_upstream_change():
