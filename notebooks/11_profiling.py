@@ -142,7 +142,7 @@ print("in this run, the share of the step spent waiting on communication by mode
       + ", ".join(f"{h} hidden {s:.0%}" for h, s in shares.items()))
 # Why small models wait: an all-reduce pays a latency whatever its size. The smallest model hands Horovod ~64x fewer
 # bytes per step than the largest, yet its all-reduce wait shrinks far less (asserted: the wait's ratio is more than
-# twice the bytes'; one loaded machine measured 0.016x the bytes and 0.06x the wait). The shares themselves are
+# 1.5x the bytes'; one loaded machine measured 0.016x the bytes and 0.06x the wait, 3.75x). The shares themselves are
 # printed, not asserted: where other jobs share the cores, waiting for the other rank fills every model's sync_wait
 # and can put the shares in any order.
 small_r, large_r = results[SIZES.index(min(SIZES))], results[SIZES.index(max(SIZES))]
@@ -152,7 +152,7 @@ wait_ratio = (np.mean([table[(min(SIZES), r)]["sync_wait"] for r in (0, 1)])
 print(f"hidden={min(SIZES)} vs hidden={max(SIZES)}: bytes to all-reduce {byte_ratio:.3f}x, all-reduce wait per step "
       f"{wait_ratio:.2f}x; in this run the smaller model's communication share was "
       f"{'larger' if shares[min(SIZES)] > shares[max(SIZES)] else 'not larger'}")
-assert wait_ratio > 2 * byte_ratio, "the wait shrank as fast as the bytes: bandwidth, not latency"
+assert wait_ratio > 1.5 * byte_ratio, "the wait shrank as fast as the bytes: bandwidth, not latency"
 # The phases are parts of the step, so together they never exceed it (the rest is the loop's own work).
 for v in table.values():
     assert sum(v[p] for p in PHASES) <= v["step"] * 1.001 + 1e-6
