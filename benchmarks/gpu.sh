@@ -13,6 +13,11 @@
 #                               mlflow-skinny with its dependencies if they fit in the budget (else tracking is off on
 #                               the node and the manifest, then the record, says why)
 #   DIR/MANIFEST.json           what is there, for which Python, every file's size and sha256
+#   --python-headers INCLUDE    CPython X.Y's headers (a folder holding Python.h and pyconfig.h, e.g. python3.12-config
+#                               --includes' first folder) for a node whose Python has none (no python3.X-dev): carried
+#                               as DIR/python-include and used for the build when the node lacks its own
+#   --node-has FILE             the node's `python -m pip list --format=freeze` (or one name a line): the wheels of
+#                               distributions it already has are left out (its own copies serve, as on the node's run)
 # No torch, no CUDA wheels: the node's environment has them (torch's CUDA build and the nvidia-nccl wheel).
 #
 # The run (--python PY: the node's interpreter, used as it is: nothing is installed into it and no index is asked):
@@ -50,13 +55,17 @@ TOTAL_S=570
 say() { printf '[gpu] %s %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { printf '[gpu] error: %s\n' "$*" >&2; exit 2; }
 
-prepare="" for_python=3.12 budget=64 py="" bundle="" work="" out="${HVDSYNC_GPU_OUT:-}" rehearse=""
+prepare="" for_python=3.12 budget=64 node_has="" headers="" py="" bundle="" work="" out="${HVDSYNC_GPU_OUT:-}" rehearse=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) [ -n "${2:-}" ] || die "--prepare needs a folder: bash benchmarks/gpu.sh --prepare DIR --for-python 3.12"
                prepare="$2"; shift ;;
     --for-python) [[ "${2:-}" =~ ^3\.[0-9]+$ ]] || die "--for-python takes the node's Python as 3.N (e.g. 3.12)"
                   for_python="$2"; shift ;;
+    --node-has) [ -f "${2:-}" ] || die "--node-has takes a file: the node's python -m pip list --format=freeze"
+                node_has="$2"; shift ;;
+    --python-headers) [ -f "${2:-}/Python.h" ] || die "--python-headers takes a folder holding Python.h (CPython's include folder)"
+                      headers="$2"; shift ;;
     --budget-mib) [[ "${2:-}" =~ ^[0-9]+$ ]] || die "--budget-mib takes a whole number of MiB"; budget="$2"; shift ;;
     --python) [ -n "${2:-}" ] || die "--python needs the node's interpreter (its CUDA torch environment's python)"
               py="$2"; shift ;;
@@ -90,11 +99,21 @@ if [ -n "$prepare" ]; then
   "$host_py" -m pip download --quiet --disable-pip-version-check "${target[@]}" --no-deps -c constraints.txt \
     -d "$prepare/wheels" scikit-learn scipy joblib threadpoolctl pytest-timeout setuptools wheel \
     || die "pip could not download the wheels for Python $for_python (its messages above)"
+  if [ -n "$headers" ]; then
+    got="$("$host_py" -c 'import sys; sys.path.insert(0, "benchmarks"); import gpu_node, pathlib; print(gpu_node.headers_version(pathlib.Path(sys.argv[1])))' "$headers")"
+    [ "$got" = "$for_python" ] || die "--python-headers $headers holds Python $got's headers, not $for_python's (--for-python)"
+    rm -rf "$prepare/python-include"; cp -rL "$headers" "$prepare/python-include"
+    say "CPython $got's headers -> $prepare/python-include ($(du -sh "$prepare/python-include" | cut -f1))"
+  fi
+  # prune: the node's own copies serve (the run's env phase installs only what the node lacks).
+  prune() { [ -z "$node_has" ] || "$host_py" benchmarks/gpu_node.py prune "$prepare" --node-has "$node_has"; }
+  prune
   tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
   mlflow=off why=""
   if "$host_py" -m pip download --quiet --disable-pip-version-check "${target[@]}" -d "$tmp" \
        "mlflow-skinny==$pins" 2>"$tmp/err"; then
     for w in "$tmp"/*.whl; do [ -e "$prepare/wheels/${w##*/}" ] || cp "$w" "$prepare/wheels/"; done
+    prune
     total="$(du -cb "$prepare"/horovod-*.tar.gz "$prepare"/wheels/*.whl | tail -n 1 | cut -f1)"
     if [ "$total" -le $(( budget * 1048576 - 65536 )) ]; then
       mlflow=on why="mlflow-skinny $pins and its dependencies carried ($(( total / 1048576 )) MiB in all)"
@@ -192,7 +211,10 @@ make_env() {
   [ -x "$env/bin/python" ] || "$py" -m venv --without-pip "$env"
   site="$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The node's packages, after the env's own: torch, NCCL's wheel, pip, pytest as they are (a .pth, not a copy).
-  "$py" -c 'import site, sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+  # site.addsitedir, not bare paths: the node's own .pth files run too, setuptools' distutils shim among them, which
+  # Horovod's CMake needs on Python 3.12+ (it asks distutils.sysconfig.get_python_inc for Python.h's folder).
+  "$py" -c 'import sys; print("\n".join(f"import site; site.addsitedir({p!r})" for p in sys.path
+                                         if p.endswith(("site-packages", "dist-packages"))))' \
     > "$site/zz-node-packages.pth"
   if [ -n "$bundle" ]; then
     mapfile -t lack < <("$env/bin/python" benchmarks/gpu_node.py lacking "$bundle")
@@ -210,8 +232,24 @@ need = ["numpy", "yaml", "psutil", "cloudpickle", "tqdm", "packaging", "pytest",
 missing = [m for m in need if u.find_spec(m) is None]
 print(f"the run needs these modules, in neither the node nor the bundle: {missing}" if missing else
       f"every module the run needs is here: {need}")
+if not missing:
+    # What Horovod 0.28.1'"'"'s CMake runs to find Python.h (horovod/torch/CMakeLists.txt): distutils, on 3.12+ the shim.
+    import os
+    try:
+        from distutils.sysconfig import get_python_inc
+        inc = get_python_inc()
+    except Exception as e:
+        sys.exit(f"Horovod'"'"'s build asks distutils for Python'"'"'s include folder, and this env cannot answer: {e!r}")
+    if not os.path.isfile(os.path.join(inc, "Python.h")) and not os.environ.get("CPATH"):
+        sys.exit(f"Horovod'"'"'s build will look for Python.h in {inc}: it is not there")
+    print(f"Horovod'"'"'s build finds Python.h in {inc}")
 sys.exit(1 if missing else 0)' || [ -n "${bundle_kind:-}" ]
 }
+# The node's Python without its headers: the bundle's copy of the same X.Y, for every compiler call (CPATH).
+if [ "$(fact PY_HEADERS)" != node ]; then
+  export CPATH="$(fact PY_HEADERS)${CPATH:+:$CPATH}"
+  say "Python's headers: the bundle's ($(fact PY_HEADERS)); the node's Python has none"
+fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 export -f make_env
 export py work bundle repo bundle_kind="${bundle_kind:-}"

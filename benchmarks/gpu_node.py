@@ -5,6 +5,7 @@ node's own interpreter before anything is installed, and never imports torch (se
     python benchmarks/gpu_node.py manifest DIR --for-python 3.12 --mlflow on|off --why TEXT
     python benchmarks/gpu_node.py preflight --work DIR --out DIR [--bundle DIR]   # KEY=VALUE lines, or one error line
     python benchmarks/gpu_node.py lacking DIR                                      # the bundle's wheels to install
+    python benchmarks/gpu_node.py prune DIR --node-has FILE                        # drop wheels the node has
     python benchmarks/gpu_node.py record OUT/record.json KEY=FILE_OR_VALUE ...
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 MANIFEST = "MANIFEST.json"
 HOROVOD_SDIST = "horovod-0.28.1.tar.gz"
+HEADERS = "python-include"  # the bundle's copy of CPython's headers, for a node whose Python has none
 FREE_GIB = 4  # Horovod's NCCL build tree and its cache: about 1.5 GiB measured; twice that and room for the rest
 
 
@@ -42,6 +44,15 @@ def _sha256(path: Path) -> str:
 def _tag(version: str) -> str:
     major, minor = version.split(".")[:2]
     return f"cp{major}{minor}"
+
+
+def headers_version(folder: Path) -> str | None:
+    """X.Y of the CPython headers in folder (their patchlevel.h), or None where there are none."""
+    level = folder / "patchlevel.h"
+    if not (folder / "Python.h").is_file() or not level.is_file():
+        return None
+    found = dict(re.findall(r"#define\s+PY_(MAJOR|MINOR)_VERSION\s+(\d+)", level.read_text()))
+    return f"{found.get('MAJOR')}.{found.get('MINOR')}" if len(found) == 2 else None
 
 
 # ---- the bundle ----------------------------------------------------------------------------------------------------
@@ -95,6 +106,27 @@ def lacking(folder: Path) -> list[str]:
         except metadata.PackageNotFoundError:
             out.append(str(wheel))
     return out
+
+
+def _norm(name: str) -> str:
+    # PEP 503's normal form; a wheel's file name spells its distribution with underscores (scikit_learn-1.9.1-...).
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def prune(folder: Path, node_has: Path) -> list[str]:
+    """Delete the bundle's wheels whose distribution the node already has (FILE: the node's `pip list --format=freeze`
+    or one name a line), so the node's own copy serves and the bundle stays small; `lacking` would skip them there."""
+    have = set()
+    for line in node_has.read_text().splitlines():
+        name = re.split(r"[=<>!~ @;\[]", line.strip(), maxsplit=1)[0]
+        if name and not name.startswith("#"):
+            have.add(_norm(name))
+    gone = []
+    for wheel in sorted((folder / "wheels").glob("*.whl")):
+        if _norm(wheel.name.split("-")[0]) in have:
+            wheel.unlink()
+            gone.append(wheel.name)
+    return gone
 
 
 # ---- the preflight -------------------------------------------------------------------------------------------------
@@ -168,6 +200,25 @@ def _writable(folder: Path, what: str) -> None:
         raise Refused(f"{what} {folder} is not writable ({e.strerror})") from None
 
 
+def python_headers(bundle: Path | None) -> str:
+    """Where Horovod's build finds Python.h: "node" (the interpreter's own include folder), else the bundle's carried
+    copy of the same X.Y. A node's Python often comes without them (Debian's and Ubuntu's python3.X-dev is a package
+    of its own), and the torch extension includes Python.h: a refusal here saves the build's minute."""
+    import sysconfig
+    own = Path(sysconfig.get_paths()["include"])
+    if (own / "Python.h").is_file():
+        return "node"
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    carried = bundle / HEADERS if bundle is not None else None
+    if carried is not None and headers_version(carried) == here:
+        return str(carried)
+    raise Refused(f"{sys.executable} (Python {platform_version()}) has no development headers (no Python.h in {own}), "
+                  f"which Horovod's torch extension is compiled against: install python{here}-dev there, or carry "
+                  f"CPython {here}'s headers: bash benchmarks/gpu.sh --prepare DIR --for-python {here} "
+                  f"--python-headers INCLUDE_DIR" + (f" (the bundle's {HEADERS} is Python "
+                  f"{headers_version(carried)})" if carried is not None and carried.is_dir() else ""))
+
+
 def preflight(work: Path, out: Path, bundle: Path | None) -> dict:
     facts: dict = {"PYTHON": sys.executable, "PYTHON_VERSION": platform_version(),
                    "PYTAG": _tag(platform_version())}
@@ -180,6 +231,7 @@ def preflight(work: Path, out: Path, bundle: Path | None) -> dict:
     if not importlib.util.find_spec("pip"):
         raise Refused(f"{sys.executable} has no pip: the carried wheels and the Horovod build are installed with it")
     facts["TORCH"], facts["TORCH_CUDA"] = torch_facts()
+    facts["PY_HEADERS"] = python_headers(bundle)
     facts["NVCC"], facts["NVCC_CUDA"] = nvcc_facts(facts["TORCH_CUDA"])
     facts.update(driver_facts())
     major = facts["TORCH_CUDA"].split(".")[0]
@@ -247,6 +299,9 @@ def main(argv=None) -> int:
     f.add_argument("--bundle", type=Path)
     lk = sub.add_parser("lacking")
     lk.add_argument("folder", type=Path)
+    pr = sub.add_parser("prune")
+    pr.add_argument("folder", type=Path)
+    pr.add_argument("--node-has", type=Path, required=True)
     r = sub.add_parser("record")
     r.add_argument("path", type=Path)
     r.add_argument("items", nargs="*")
@@ -260,6 +315,9 @@ def main(argv=None) -> int:
                 print(f"{k}={v}")
         elif a.cmd == "lacking":
             print("\n".join(lacking(a.folder)))
+        elif a.cmd == "prune":
+            gone = prune(a.folder, a.node_has)
+            print(f"{len(gone)} wheel(s) the node has left out" + (f": {', '.join(gone)}" if gone else ""))
         else:
             record(a.path, a.items)
     except Refused as e:

@@ -26,8 +26,16 @@ def _rehearse(tmp_path, *args, node=""):
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rehearsal")
-    proc = _rehearse(tmp, "--out", str(tmp / "out"))
+    proc = _rehearse(tmp, "--out", str(tmp / "out"), "--work", str(tmp / "work"))
     return proc, tmp / "out"
+
+
+def test_the_env_sees_the_nodes_packages_through_their_own_pth_files(rehearsal):
+    # The node's site folders are added with site.addsitedir, so their .pth files run too: setuptools' distutils shim
+    # is one, and Horovod's CMake asks distutils for Python.h's folder (without it, Python 3.12's build found none).
+    pth = list((rehearsal[1].parent / "work" / "env").glob("lib/python3.*/site-packages/zz-node-packages.pth"))
+    lines = pth[0].read_text().splitlines()
+    assert lines and all(re.fullmatch(r"import site; site\.addsitedir\('.+-packages'\)", x) for x in lines), lines
 
 
 def test_the_rehearsal_goes_through_every_phase_and_predicts_the_run(rehearsal):
@@ -116,3 +124,56 @@ def test_a_bundle_over_its_budget_is_refused_and_a_changed_file_is_found(tmp_pat
                             f"manifest (sha256 {__import__('hashlib').sha256(b'x' * 2**20).hexdigest()[:12]}...); "
                             f"copy the bundle again\n"), check.stdout + check.stderr
     assert proc.returncode == 2 and proc.stderr.startswith("[gpu] error: ") and proc.stderr.count("\n") == 1
+
+
+def _gpu_node():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_node
+    finally:
+        sys.path.pop(0)
+    return gpu_node
+
+
+def test_prepare_leaves_out_the_wheels_of_distributions_the_node_has(tmp_path):
+    bundle = tmp_path / "bundle"
+    (bundle / "wheels").mkdir(parents=True)
+    for name in ("scikit_learn-1.9.1-cp312-cp312-manylinux_2_28_x86_64.whl", "PyYAML-6.0-cp312-none-any.whl",
+                 "mlflow_skinny-3.17.2-py3-none-any.whl", "zope.interface-7.0-py3-none-any.whl"):
+        (bundle / "wheels" / name).write_bytes(b"w")
+    # The node's `pip list --format=freeze`, spelled as pip spells it (dashes, any case), and a plain name.
+    (tmp_path / "freeze.txt").write_text("scikit-learn==1.8.0\npyyaml==6.0.2\n# a comment\nZope-Interface\n")
+    proc = _node("prune", str(bundle), "--node-has", str(tmp_path / "freeze.txt"))
+    assert proc.returncode == 0 and proc.stdout.startswith("3 wheel(s) the node has left out: "), proc.stdout
+    assert sorted(p.name for p in (bundle / "wheels").iterdir()) == ["mlflow_skinny-3.17.2-py3-none-any.whl"]
+
+
+def _headers(folder: Path, minor: int) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "Python.h").write_text("/* */\n")
+    (folder / "patchlevel.h").write_text(f"#define PY_MAJOR_VERSION        3\n#define PY_MINOR_VERSION        {minor}\n")
+    return folder
+
+
+def test_a_node_python_without_headers_takes_the_bundles_or_is_refused_in_one_line(tmp_path, monkeypatch):
+    gpu_node = _gpu_node()
+    import sysconfig
+    bare = tmp_path / "include-of-a-python-without-its-dev-package"
+    bare.mkdir()
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"include": str(bare)})
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with pytest.raises(gpu_node.Refused) as no_bundle:
+        gpu_node.python_headers(None)
+    assert str(no_bundle.value) == (
+        f"{sys.executable} (Python {gpu_node.platform_version()}) has no development headers (no Python.h in {bare}), "
+        f"which Horovod's torch extension is compiled against: install python{here}-dev there, or carry CPython "
+        f"{here}'s headers: bash benchmarks/gpu.sh --prepare DIR --for-python {here} --python-headers INCLUDE_DIR")
+    other = tmp_path / "other"
+    _headers(other / gpu_node.HEADERS, sys.version_info.minor + 1)
+    with pytest.raises(gpu_node.Refused, match=rf"\(the bundle's python-include is Python 3\.{sys.version_info.minor + 1}\)$"):
+        gpu_node.python_headers(other)
+    good = tmp_path / "good"
+    carried = _headers(good / gpu_node.HEADERS, sys.version_info.minor)
+    assert gpu_node.python_headers(good) == str(carried)
+    (bare / "Python.h").write_text("")
+    assert gpu_node.python_headers(good) == "node"   # the node's own, where it has them
