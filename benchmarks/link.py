@@ -168,7 +168,9 @@ def run_ddp(cluster, hooks: list[str], cfg, env: dict, seed: int = 0, probe: boo
     out = cluster.run("node1", [sys.executable, __file__, "ddp", json.dumps({**spec, "rank": 0})], cwd=ROOT, env=env)
     _, err = peer.communicate(timeout=600)
     if peer.returncode != 0:
-        raise RuntimeError(f"link.py: DDP rank 1 failed:\n{err[-3000:]}")
+        # Rank 0's error first where it failed too: a rank whose peer died only reports the lost connection.
+        raise RuntimeError(f"link.py: DDP rank 1 failed (status {peer.returncode}):\n{err[-3000:]}\nrank 0 "
+                           f"(status {out.returncode}):\n{out.stderr[-3000:]}")
     return _result(out, "DDP rank 0")
 
 
