@@ -22,7 +22,7 @@
 # > 1. Once synchronisation works, measure its performance. → §1: three model sizes in one job.
 # > 2. Record with a profiler, per step, the time of the forward pass, backward pass, gradient synchronisation and
 # >    parameter update. → §2: per rank and phase (data, forward and backward together, sync wait, update) from the
-# >    MLflow run; forward and backward timed apart is not shown yet.
+# >    MLflow run; §2b: forward and backward timed apart, per model size.
 # > 3. The profile shows the bottleneck: slow computation or long synchronisation waits. → §2: the share of the step
 # >    spent waiting, per model size.
 # > 4. If waiting dominates, find out whether bandwidth, latency or load imbalance causes it. → §2: the wait shrinks
@@ -159,6 +159,46 @@ for v in table.values():
     assert 0.0 <= v["comm_share"] <= 1.0
 
 # %% [markdown]
+# ## 2b · Forward and backward, apart
+#
+# hvdsync's `compute` phase is forward and backward together: in a distributed step Horovod's hooks start the
+# all-reduce inside the backward pass, so a worker cannot time the two apart without stopping that overlap. Here, in
+# this notebook's process, on the same three models and batch: each pass timed on its own
+# (`hvdlab.torch.passes.pass_seconds`, medians of 20 after 3 warm-ups).
+#
+# **Predict, then run.** The backward pass computes two products per layer (the gradient of the input and of the
+# weight) where the forward computes one. How many times the forward's time will the backward take, for the largest
+# model and for the smallest?
+
+# %%
+my_prediction = None   # your guesses, e.g. {1024: 2.0, 16: 2.0}
+
+# %%
+import torch
+
+from hvdlab.torch.passes import pass_seconds
+from hvdsync.core.train.data import load_digits
+from hvdsync.torch.models import build_mlp
+
+torch.set_num_threads(1)   # as each worker runs (one core each on this machine)
+passes = {}
+for cfg_h in cfgs:
+    torch.manual_seed(cfg_h.train.seed)
+    data = load_digits(cfg_h.data, seed=cfg_h.train.seed)
+    x = torch.as_tensor(data.x_train[:cfg_h.data.batch_size], dtype=torch.float32)
+    y = torch.as_tensor(data.y_train[:cfg_h.data.batch_size], dtype=torch.long)
+    passes[cfg_h.train.hidden] = pass_seconds(build_mlp(cfg_h, data), x, y)
+for h, t in passes.items():
+    print(f"hidden={h:5d}: forward {1e3 * t['forward']:.3f} ms, backward {1e3 * t['backward']:.3f} ms "
+          f"({t['backward'] / t['forward']:.2f}x the forward); workers' compute per step in §2: "
+          f"{np.mean([table[(h, r)]['compute'] for r in (0, 1)]):.3f} ms")
+print(f"your prediction: {my_prediction}" if my_prediction is not None else
+      "(write a prediction above and run again to compare)")
+# Where the products dominate (1024 hidden units), the backward's two per layer take longer than the forward's one:
+# asserted. For the small models each pass is mostly fixed per-call overhead, so their ratio is this run's only.
+assert passes[max(SIZES)]["backward"] > passes[max(SIZES)]["forward"]
+
+# %% [markdown]
 # ## 3 · Profile, tune, profile again
 #
 # The profile above points at the smallest model's communication share. The knob for a latency-bound all-reduce is
@@ -243,6 +283,9 @@ assert len(grads) >= 4 and "horovod/timeline.png" in files
 #   compute shrinks too, and on a shared machine waiting for the other rank blurs it): §2 prints the shares, and whether the smaller model's was the larger, for
 #   this run. Fewer, larger all-reduces (tensor fusion, `sync.accumulate`) are the knob for that; compression is the
 #   knob when the *bytes* dominate (large models, slow links).
+# * `compute` is forward and backward together; timed apart in §2b, the 1024-unit model's backward took longer than
+#   its forward (asserted: two products per layer against one); the small models' ratios are printed for this run,
+#   where fixed per-call costs blur them.
 # * Close the loop: one knob at a time, and the same profile before and after. In §3 accumulating 4 micro-batches
 #   per all-reduce cut the all-reduces per sample about 4x (counted, asserted); whether that lowered the
 #   communication share and raised the throughput is this run's re-profile, printed there, not a promise.
