@@ -28,8 +28,8 @@
 # >    size). → part 1 §4 (`init_process_group`) and every hvdsync job (`hvd.init` in `ht.init`).
 # > 4. Wrap the model in the DDP wrapper. → part 1 §4.
 # > 5. Use a distributed sampler so that the ranks' shares of the data do not overlap. → part 2 §3 leaves the sharding
-# >    out (every sample read twice, twice the steps, counted); the notebooks shard with hvdsync's `PlanSampler`.
-# >    PyTorch's own `DistributedSampler` is not run here yet.
+# >    out (every sample read twice, twice the steps, counted); the notebooks shard with hvdsync's `PlanSampler`;
+# >    part 1 §4b runs PyTorch's own `DistributedSampler` in plain Horovod and DDP + `torchrun` scripts.
 # > 6. Choose the backend to fit the hardware: a high-performance MPI library on CPU clusters, the built-in library
 # >    (NCCL) on GPU clusters. → part 1 §3 reads which backends this Horovod build has; the jobs here run on Gloo
 # >    (CPU, one machine); NCCL needs GPUs and is described, not run.
@@ -53,6 +53,7 @@
 # %%
 import dataclasses
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -223,9 +224,12 @@ def train_one_epoch(model, opt, train_set, plan, rank, op):
 
 
 # %%
-def ddp_beside_horovod(cfg_dict):
+def ddp_beside_horovod(cfg_dict, scripts):
     """One epoch of the same model from the same start on the same shards: Horovod (through hvdsync), then PyTorch
-    DDP over Gloo. Returns the build's facts, both runs' final parameters and their step times."""
+    DDP over Gloo. Returns the build's facts, both runs' final parameters and their step times; then (section 4b)
+    the plain scripts in the folder ``scripts`` and hvdsync on the same unshuffled samples."""
+    import importlib.util
+    import os
     import socket
 
     import horovod.torch as hvd
@@ -270,12 +274,42 @@ def ddp_beside_horovod(cfg_dict):
         out[name] = train_one_epoch(model, opt, train_set, plan, info.rank, cfg.sync.op)
         dist.barrier()
     dist.destroy_process_group()
+
+    # Section 4b: examples/plain/'s scripts, each as its launcher would run it (Horovod's: its rank and size;
+    # torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), and hvdsync's loop on the same unshuffled samples.
+    def script(name):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(scripts, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    argv = ["--epochs", "1", "--lr", str(lr), "--momentum", str(cfg.train.momentum), "--batch-size",
+            str(cfg.data.batch_size), "--seed", str(cfg.train.seed), "--no-shuffle"]
+    out["plain_horovod"] = script("horovod_torch").main(argv)
+    port = None
+    if info.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0, name="torchrun.port")
+    os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.size), LOCAL_RANK=str(info.local_rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    out["plain_ddp"] = script("ddp_torchrun").main(argv)
+    from hvdsync.core.train.loop import fit_loop
+
+    unshuffled = cfg.replace(data={"shuffle": False}, train={"epochs": 1})
+    ht.init(unshuffled)
+    backend = ht.build(unshuffled, data)
+    fit_loop(unshuffled, backend, data)
+    out["hvdsync_unshuffled"] = [p.copy() for p in backend.parameters()]
     return out
 
 
 # %%
 start = time.perf_counter()
-rank0, rank1 = launch.run(ddp_beside_horovod, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, progress=False)
+SCRIPTS = str(Path("../examples/plain").resolve())   # relative to notebooks/, where the notebook runs
+rank0, rank1 = launch.run(ddp_beside_horovod, args=(cfg.to_dict(), SCRIPTS), np=cfg.train.np, sync=cfg.sync,
+                          progress=False)
 print(f"2 workers: build facts, one Horovod epoch and one DDP epoch in {time.perf_counter() - start:.1f} s "
       f"(start-up included)")
 print("Horovod built for frameworks:", ", ".join(launch.horovod_frameworks()))
@@ -345,6 +379,37 @@ ax.set_title("One epoch, same model and shards: Horovod vs PyTorch DDP (Gloo)")
 ax.legend()
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## 4b · Plain scripts: Horovod with `horovodrun`, DDP with `torchrun`, both with `DistributedSampler`
+#
+# The two recipes as a user writes them without hvdsync: [`examples/plain/horovod_torch.py`](../examples/plain/horovod_torch.py)
+# (launched with `horovodrun -np 2 -H localhost:2 --gloo python examples/plain/horovod_torch.py`) and
+# [`examples/plain/ddp_torchrun.py`](../examples/plain/ddp_torchrun.py) (`torchrun --standalone --nproc-per-node 2
+# examples/plain/ddp_torchrun.py`). Each shards with PyTorch's **`DistributedSampler`**: rank r reads samples r,
+# r + 2, r + 4, ... of the epoch's order, so the two ranks' shares never overlap and together cover the epoch once.
+# The workers above ran both scripts' `main` as their launchers would (for DDP, with the variables `torchrun` sets),
+# one epoch with this notebook's learning rate, and hvdsync's own loop on the same samples unshuffled
+# (`data.shuffle: false`; `DistributedSampler(shuffle=False)`). Every global step then reads the same 64 samples on
+# all three sides, in another split between the ranks, and the average gradient does not depend on the split.
+# `tests/parallel/test_plain_scripts.py` runs the scripts with `horovodrun` and `torchrun` themselves.
+#
+# **Predict, then run.** Different launchers, different samplers, different gradient plumbing: how far apart will
+# the parameters be after one epoch (the largest difference), and how far from hvdsync's?
+
+# %%
+my_prediction = None   # your guess, e.g. 1e-2
+
+# %%
+plain = {name: max_diff(rank0[name], rank0["hvdsync_unshuffled"]) for name in ("plain_horovod", "plain_ddp")}
+moved = max_diff(rank0["hvdsync_unshuffled"], rank0["horovod"]["params"])
+print("largest difference from hvdsync's parameters after one unshuffled epoch: "
+      + ", ".join(f"{name} {d:.1e}" for name, d in plain.items()))
+print(f"(for scale: hvdsync's shuffled epoch of section 4 ended {moved:.1e} away from its unshuffled one)")
+print(f"your prediction: {my_prediction}" if my_prediction is not None else
+      "(write a prediction above and run again to compare)")
+assert all(d < 1e-5 for d in plain.values()), "the same training, written three ways"
+assert max_diff(rank1["plain_ddp"], rank0["plain_ddp"]) < 1e-6 and moved > 1e-3
 
 # %% [markdown]
 # DDP and Horovod implement the same idea, and on the same data they compute the same model (asserted above).
