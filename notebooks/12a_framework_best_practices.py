@@ -248,13 +248,16 @@ def ddp_beside_horovod(cfg_dict, scripts):
     info = ht.init(cfg)
     out = {"built": {name: bool(getattr(hvd, f"{name}_built")()) for name in ("gloo", "mpi", "nccl", "cuda")},
            "enabled": {"gloo": bool(hvd.gloo_enabled()), "mpi": bool(hvd.mpi_enabled())}}
-    # torch.distributed needs its own rendezvous: rank 0 picks a free port and Horovod's broadcast tells the others.
-    port = None
-    if info.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0, name="ddp.port")
+    def shared_port(name):
+        # torch.distributed needs its own rendezvous: rank 0 picks a free port and Horovod's broadcast tells the others.
+        port = None
+        if info.rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        return hvd.broadcast_object(port, root_rank=0, name=name)
+
+    port = shared_port("ddp.port")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=info.rank, world_size=info.size)
     data = datasets.load(cfg.data, cfg.train.seed)
     train_set = TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))
@@ -286,12 +289,7 @@ def ddp_beside_horovod(cfg_dict, scripts):
     argv = ["--epochs", "1", "--lr", str(lr), "--momentum", str(cfg.train.momentum), "--batch-size",
             str(cfg.data.batch_size), "--seed", str(cfg.train.seed), "--no-shuffle"]
     out["plain_horovod"] = script("horovod_torch").main(argv)
-    port = None
-    if info.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0, name="torchrun.port")
+    port = shared_port("torchrun.port")
     os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.size), LOCAL_RANK=str(info.local_rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     out["plain_ddp"] = script("ddp_torchrun").main(argv)
