@@ -10,6 +10,7 @@ from hvdsync.core.comm.codecs import codec_state_of
 from hvdsync.core.elastic.loop import ElasticResult, elastic_fit
 from hvdsync.core.train.data import Dataset
 from hvdsync.datasets import load
+from hvdsync.registry import make_callbacks
 
 
 def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_elastic: Callable, cfg=None,
@@ -23,4 +24,5 @@ def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_
     backend = build(cfg, data, broadcast=False)
     # Compression state (error-feedback residuals, PowerSGD's Q) is committed and restored with the rest.
     state = make_state(backend.model, backend.optimizer, cfg, codec=codec_state_of(backend.optimizer))
-    return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads), state)
+    callbacks = make_callbacks(cfg)   # once per process: the user's callbacks live on across resets
+    return run_elastic(lambda s: elastic_fit(s, cfg, backend, data, record_reads, callbacks), state)

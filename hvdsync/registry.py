@@ -1,4 +1,4 @@
-"""Models and data sets looked up by name, so the config, the CLI and both adapters find them without ``if`` chains.
+"""Models, data sets and callbacks looked up by name, so the config, the CLI and both adapters find them without ``if`` chains.
 
 A **model** is registered per framework: a builder ``build(cfg, data) -> model`` where ``data`` is the
 :class:`hvdsync.core.train.data.Dataset` it will train on (its ``input_shape`` and ``n_classes`` size the model). A **data
@@ -70,6 +70,7 @@ class Registry:
 
 MODELS = Registry("model", "train.model")
 DATASETS = Registry("dataset", "data.dataset")
+CALLBACKS = Registry("callback", "train.callbacks")
 
 # hvdsync's own entries (imported on first use). The TensorFlow adapter's are listed here too, for the same reason.
 for _name, _framework, _target in (
@@ -106,6 +107,26 @@ def register_dataset(name: str) -> Callable[[Callable], Callable]:
         ... def mine(data_cfg, seed): return Dataset(x_train, y_train, x_test, y_test, n_classes=10)
     """
     return DATASETS.register(name)
+
+
+def register_callback(name: str) -> Callable[[Callable], Callable]:
+    """Register ``make(cfg) -> hvdsync.core.train.loop.Callback`` (a ``Callback`` subclass taking the config will
+    do) as a name for ``train.callbacks``: every worker's training loop then runs one, elastic runs included.
+
+    Example:
+        >>> @register_callback("step_logger")                     # doctest: +SKIP
+        ... class StepLogger(Callback):
+        ...     def __init__(self, cfg): self.every = 10
+        ...     def on_step_end(self, ctx):
+        ...         if ctx.rank == 0 and ctx.job_step % self.every == 0: print(ctx.job_step, ctx.metrics["loss"])
+        >>> # then: --set train.plugins=[mypackage.callbacks] --set train.callbacks=[step_logger]
+    """
+    return CALLBACKS.register(name)
+
+
+def make_callbacks(cfg: Any) -> list:
+    """One of each callback ``cfg.train.callbacks`` names, made for ``cfg`` (in the worker, for its loop)."""
+    return [CALLBACKS.get(name)(cfg) for name in cfg.train.callbacks]
 
 
 def build_model(cfg: Any, data: Any, framework: str | None = None) -> Any:

@@ -60,6 +60,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
+from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
 from hvdsync.core.elastic.checkpoint import CheckpointStore
@@ -74,6 +75,9 @@ cfg = Config.from_dict({
     "elastic": {"enabled": True, "min_np": 1, "max_np": 2, "commit_every": 2, "timeout_s": 30,
                 "cooldown_min_s": 1, "cooldown_max_s": 3},
 })
+# The lab's fault injection (hvdlab.faults): a callback of hvdsync's loop, named in train.callbacks, that slows every
+# step when the HVDLAB_FAULTS variable asks it to. The product itself reads no such variable.
+cfg = faults.enable(cfg)
 print(f"{cfg.train.np} workers on {hosts[:2]}, batch {cfg.data.batch_size} per worker, commit every "
       f"{cfg.elastic.commit_every} steps")
 
@@ -83,7 +87,7 @@ print(f"{cfg.train.np} workers on {hosts[:2]}, batch {cfg.data.batch_size} per w
 # The job runs in this process's main thread (Horovod's elastic driver needs it for its signal handlers); a helper
 # thread waits until rank 0 has done 12 steps and then sends `SIGKILL` to the worker on the second host, by its
 # process id, as an out-of-memory killer or a lost machine would. Every worker sleeps 40 ms per step so that the
-# job lasts long enough to watch (fault injection `slow@40`). Because Horovod excludes the failed host for a
+# job lasts long enough to watch (`hvdlab.faults`' `slow@40`). Because Horovod excludes the failed host for a
 # cooldown and then lets it back, the job first shrinks to one worker and then grows back to two.
 
 # %%
@@ -101,7 +105,8 @@ def kill_second_worker():
 
 
 threading.Thread(target=kill_second_worker, daemon=True).start()
-result = elastic_launch.train(cfg, log_dir=run_dir, faults="slow@40", record_reads=True, hosts=hosts[:2])
+with faults.armed("slow@40"):
+    result = elastic_launch.train(cfg, log_dir=run_dir, record_reads=True, hosts=hosts[:2])
 print(result.summary())
 for e in result.resets:
     print(f"  {e['reason']:<12} world {e['size_before']} -> {e['size_after']}, first step after it: {e['step']}, "
@@ -176,7 +181,8 @@ def kill_every_worker():
 
 threading.Thread(target=kill_every_worker, daemon=True).start()
 try:
-    elastic_launch.train(lost_cfg, log_dir=run_dir, faults="slow@40", progress=False)
+    with faults.armed("slow@40"):
+        elastic_launch.train(lost_cfg, log_dir=run_dir, progress=False)
 except WorkerError as exc:  # every worker died: the launcher says so
     print("the job failed:", str(exc).splitlines()[0][:160])
 store = CheckpointStore(ckpt)

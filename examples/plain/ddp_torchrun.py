@@ -7,7 +7,6 @@ group joins them, ``DistributedDataParallel`` averages the gradients and ``Distr
 ``--no-shuffle`` and ``data.shuffle=false`` it computes what ``hvdsync train`` computes, to float32 rounding.
 """
 import argparse
-import os
 
 import numpy as np
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from hvdsync.core.train.data import digits
+from hvdsync.datasets import digits
 
 
 def main(argv=None) -> list[np.ndarray]:

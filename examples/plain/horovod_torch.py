@@ -3,7 +3,7 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/plain/horovod_torch.py --epochs 2 --out horovod.npz
 
-Only the arrays come from hvdsync (``hvdsync.core.train.data.digits``: scikit-learn's digits, split as hvdsync splits
+Only the arrays come from hvdsync (``hvdsync.datasets.digits``: scikit-learn's digits, split as hvdsync splits
 them), so that the result can be compared with ``hvdsync train`` on the same samples: with ``--no-shuffle`` on both
 sides (``data.shuffle=false``) every global step reads the same samples, and the parameters agree to float32
 rounding (``tests/parallel/test_plain_scripts.py``, notebook 12a).
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from hvdsync.core.train.data import digits
+from hvdsync.datasets import digits
 
 
 def main(argv=None) -> list[np.ndarray]:

@@ -190,7 +190,12 @@ class TrainConfig:
         framework: ``torch`` or ``tensorflow``.
         model: a model registered for ``framework`` (:mod:`hvdsync.registry`): ``mlp``, ``cnn`` (a small
             ResNet-style network for image data sets), or one you registered.
-        plugins: modules to import first (in the launcher and in every worker) that register models or data sets.
+        plugins: modules to import first (in the launcher and in every worker) that register models, data sets or
+            callbacks.
+        callbacks: callbacks registered by name (:func:`hvdsync.registry.register_callback`, in a plugin module)
+            that hvdsync's training loop runs in every worker, elastic runs included: user code that observes or
+            acts on each step and epoch (:class:`hvdsync.core.train.loop.Callback`). Keras ``fit`` takes Keras
+            callbacks instead.
         np: number of Horovod worker processes the launcher starts.
         epochs: passes over the training set.
         lr: learning rate for the global batch (see ``lr_scaling``).
@@ -213,6 +218,7 @@ class TrainConfig:
     framework: str = "torch"
     model: str = "mlp"
     plugins: list = field(default_factory=list)
+    callbacks: list = field(default_factory=list)
     np: int = 2
     epochs: int = 10
     lr: float = 0.1
@@ -231,9 +237,13 @@ class TrainConfig:
         _choice("train.device", self.device, DEVICES)
         _choice("train.precision", self.precision, PRECISIONS)
         _import_plugins("train.plugins", self.plugins)
-        from hvdsync.registry import MODELS
+        from hvdsync.registry import CALLBACKS, MODELS
 
         _registered(MODELS, "train.model", self.model, self.framework)
+        if not isinstance(self.callbacks, list):
+            _fail("train.callbacks", self.callbacks, "expected a list of registered callback names")
+        for name in self.callbacks:
+            _registered(CALLBACKS, "train.callbacks", name)
         _int("train.np", self.np, 1, 64)
         _int("train.epochs", self.epochs, 1)
         _number("train.lr", self.lr, 0.0, low_open=True)

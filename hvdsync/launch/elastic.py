@@ -28,10 +28,9 @@ How a job ends, and what hvdsync makes of it:
 * fewer than ``elastic.min_np`` workers for ``elastic.timeout_s`` seconds: the driver gives up waiting; the
   launcher says so in one line instead of Horovod's "exited with non-zero status".
 
-Fault injection for tests and notebook 10 (``faults=``, or the ``HVDSYNC_FAULTS`` environment variable), comma
-separated: ``kill@7:127.0.0.1`` makes the worker on host ``127.0.0.1`` send itself SIGKILL before step 8;
-``raise@5:localhost`` raises a ``RuntimeError`` there (each fires once per run folder); ``slow@30`` makes every
-worker sleep 30 ms per step (a job slow enough to watch and to change while it runs).
+What runs in the workers beside the training is the user's: callbacks named in ``train.callbacks``
+(:func:`hvdsync.registry.register_callback`) live on across resets. The tests and notebook 10 inject their faults
+that way (``hvdlab.faults``); nothing here reads a test's variable.
 """
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.elastic.loop import FAULTS_ENV, RUN_DIR_ENV
+from hvdsync.core.elastic.loop import RUN_DIR_ENV
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import hosts as host_lists
 from hvdsync.launch import reach, worker
@@ -225,7 +224,7 @@ def _lost_hosts(lost: list[dict] | None) -> Iterator[None]:
 
 
 def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path, hosts=None,
-                sync=None, env: dict[str, str] | None = None, faults: str = "", quiet: bool = True,
+                sync=None, env: dict[str, str] | None = None, quiet: bool = True,
                 progress: bool = True, ssh_port: int | None = None, ssh_identity_file: str | None = None,
                 network_interfaces: list[str] | None = None, lost: list[dict] | None = None,
                 placed: tuple[list[Host], dict] | None = None) -> list:
@@ -240,7 +239,6 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
         ssh_port, ssh_identity_file: how Horovod's driver reaches the other hosts.
         network_interfaces: the interfaces the workers talk over (default: ``lo`` on one machine; across hosts,
             the ones Horovod finds common to the first hosts).
-        faults: fault injection, e.g. ``"kill@7:127.0.0.1"``.
         lost: a list to which each host Horovod excluded after its workers failed is appended (``{"host", "time"}``).
         placed: what :func:`placement` returned for these arguments, when the caller has checked them already.
     """
@@ -260,8 +258,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
     # out of bounds too. So an elastic job keeps Horovod's own fusion (128 MiB) and cycle time (1 ms), which
     # measure alike to hvdsync's (docs/measurements/allreduce.md), and passes the cache capacity only.
     knobs = {k: v for k, v in (sync.horovod_env() if sync is not None else {}).items() if k not in ELASTIC_UNSAFE_KNOBS}
-    worker_env = {**knobs, RUN_DIR_ENV: str(run_dir), FAULTS_ENV: faults or os.environ.get(FAULTS_ENV, ""),
-                  **(env or {})}
+    worker_env = {**knobs, RUN_DIR_ENV: str(run_dir), **(env or {})}
     handler = _DriverLog()
     logging.getLogger().addHandler(handler)
     try:
@@ -313,7 +310,7 @@ def _raise_clear(run_dir: Path, driver_log: list[str], elastic, exc: Exception |
 
 
 def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None,
-          faults: str = "", record_reads: bool = False, hosts=None, ssh_port: int | None = None,
+          record_reads: bool = False, hosts=None, ssh_port: int | None = None,
           ssh_identity_file: str | None = None, network_interfaces: list[str] | None = None):
     """Train elastically as ``cfg`` says (``cfg.elastic``); returns rank 0's :class:`ElasticResult`.
 
@@ -339,7 +336,7 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
         with job_run(cfg, "elastic", resumed_run(cfg)) as job:
             try:
                 results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, cfg.train.np,
-                                      run_dir, hosts=hosts, sync=cfg.sync, faults=faults, quiet=quiet,
+                                      run_dir, hosts=hosts, sync=cfg.sync, quiet=quiet,
                                       progress=progress, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
                                       network_interfaces=network_interfaces, lost=lost, placed=placed)
             except WorkerError:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.elastic.loop import FAULTS_ENV, RUN_DIR_ENV
+from hvdsync.core.elastic.loop import RUN_DIR_ENV
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.loop import FitResult
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
@@ -314,7 +314,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
 
 def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address: str | None = "auto",
                 cpus_per_worker: float = 1, gpus_per_worker: float = 0, sync=None, env: dict[str, str] | None = None,
-                faults: str = "", quiet: bool = True, progress: bool = True, start_timeout: int = 120,
+                quiet: bool = True, progress: bool = True, start_timeout: int = 120,
                 network_interfaces: list[str] | None = None) -> list:
     """Run ``fn(*args)`` as an elastic job on Ray (Horovod's ``RayExecutor(min_workers=...)``); returns the results.
 
@@ -335,8 +335,8 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
-    worker_env = _worker_env(sync, {RUN_DIR_ENV: str(run_dir), FAULTS_ENV: faults or os.environ.get(FAULTS_ENV, ""),
-                                    "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout, **(env or {})}, elastic=True)
+    worker_env = _worker_env(sync, {RUN_DIR_ENV: str(run_dir), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout,
+                                    **(env or {})}, elastic=True)
     handler = _DriverLog()  # Horovod's elastic driver logs to the root logger in this process
     with _connected(ray, address, quiet), _progress(progress, worker_env, run_dir):
         check_capacity(ray, address, elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
@@ -375,7 +375,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
 
 def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progress: bool = True,
           log_dir: str | Path | None = None, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-          network_interfaces: list[str] | None = None, faults: str = "", record_reads: bool = False, **where: Any):
+          network_interfaces: list[str] | None = None, record_reads: bool = False, **where: Any):
     """Train as ``cfg`` says on a Ray cluster: :class:`FitResult` of rank 0, or with ``elastic.enabled``
     an :class:`~hvdsync.core.elastic.loop.ElasticResult` (``elastic.min_np`` to ``elastic.max_np`` workers,
     ``train.np`` unused: the job takes the slots the cluster has). Every error of the config, the address and the
@@ -395,12 +395,12 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
         else:
             check_capacity(ray, address, cfg.train.np, cpus_per_worker, gpus_per_worker)
         return _train_connected(cfg, address, quiet, progress, log_dir, cpus_per_worker, gpus_per_worker,
-                                network_interfaces, faults, record_reads)
+                                network_interfaces, record_reads)
 
 
 def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log_dir: str | Path | None,
                      cpus_per_worker: float, gpus_per_worker: float, network_interfaces: list[str] | None,
-                     faults: str, record_reads: bool):
+                     record_reads: bool):
     from hvdsync.launch.local import job_run
 
     if not cfg.elastic.enabled:
@@ -422,7 +422,7 @@ def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log
                 with _lost_hosts(lost):
                     results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, run_dir,
                                           address=address, cpus_per_worker=cpus_per_worker,
-                                          gpus_per_worker=gpus_per_worker, sync=cfg.sync, faults=faults, quiet=quiet,
+                                          gpus_per_worker=gpus_per_worker, sync=cfg.sync, quiet=quiet,
                                           progress=progress, network_interfaces=network_interfaces)
             except WorkerError:
                 if job is not None:

@@ -54,6 +54,7 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
     from hvdsync.core.comm.codecs import get_codec
     from hvdsync.core.telemetry import monitor
     from hvdsync.core.train.loop import fit_loop
+    from hvdsync.registry import make_callbacks
 
     out = []
     for cfg_dict in cfg_dicts:
@@ -74,7 +75,7 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
 
             backend.train_step = checked_step
         before = _link_counters()
-        result = fit_loop(cfg, backend, data).to_dict()
+        result = fit_loop(cfg, backend, data, callbacks=make_callbacks(cfg)).to_dict()
         after = _link_counters()
         result["link_bytes"] = {k: after[k] - before[k] for k in after} if after else None
         codec = get_codec(cfg.sync.compression)

@@ -21,7 +21,7 @@ from hvdsync.core.train.loop import Callback, FitResult, fit_loop
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.scaling import scaled_lr
 from hvdsync.core.train.sharding import PlanState
-from hvdsync.registry import build_model
+from hvdsync.registry import build_model, make_callbacks
 from hvdsync.tensorflow.evaluate import dataset_evaluator
 from hvdsync.tensorflow.models import constant_learning_rate, local_optimizer
 from hvdsync.tensorflow.optimizer import broadcast_state, distributed_optimizer
@@ -296,4 +296,5 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         # Arrays read by fit_loop's own plan keep equal parts of the user's test set, as in hvdsync.torch.fit.
         evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size)
     resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
-    return fit_loop(cfg, backend, data, evaluate, callbacks=callbacks, resume=resume, before_step=before_step)
+    return fit_loop(cfg, backend, data, evaluate, callbacks=[*callbacks, *make_callbacks(cfg)], resume=resume,
+                    before_step=before_step)

@@ -23,7 +23,7 @@ from hvdsync.core.train.loop import Callback, FitResult, fit_loop
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.scaling import scaled_lr
 from hvdsync.core.train.sharding import PlanState
-from hvdsync.registry import build_model
+from hvdsync.registry import build_model, make_callbacks
 from hvdsync.torch.data import LoaderSteps, PlanSampler
 from hvdsync.torch.evaluate import dataset_evaluator
 from hvdsync.torch.models import local_optimizer
@@ -225,5 +225,6 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         shares = (lambda: steps.plan.shares) if train is not None else None
         evaluate = dataset_evaluator(backend.model, test, cfg.data.batch_size, shares=shares)
     resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
-    return fit_loop(cfg, backend, steps, evaluate, callbacks=callbacks, resume=resume, before_step=before_step)
+    return fit_loop(cfg, backend, steps, evaluate, callbacks=[*callbacks, *make_callbacks(cfg)], resume=resume,
+                    before_step=before_step)
 

@@ -52,12 +52,14 @@ CONFIG = {"data": {"batch_size": BATCH}, "train": {"framework": "torch", "epochs
 # The driver, run on a test host: hvdsync's own launcher with hosts, ssh key and interface; the result as JSON.
 DRIVER = """
 import json, sys
+from hvdlab import faults
 from hvdsync.config import Config
 from hvdsync.launch import elastic
 spec = json.loads(sys.argv[1])
-result = elastic.train(Config.from_dict(spec["config"]), log_dir=spec["run_dir"], faults=spec["faults"],
-                       record_reads=True, progress=False, hosts=spec["hosts"], ssh_port=spec["ssh_port"],
-                       ssh_identity_file=spec["key"], network_interfaces=["hv0"])
+with faults.armed(spec["faults"]):
+    result = elastic.train(faults.enable(Config.from_dict(spec["config"])), log_dir=spec["run_dir"],
+                           record_reads=True, progress=False, hosts=spec["hosts"], ssh_port=spec["ssh_port"],
+                           ssh_identity_file=spec["key"], network_interfaces=["hv0"])
 with open(spec["out"], "w") as f:
     json.dump(result.to_dict(), f)
 """
@@ -83,7 +85,7 @@ def _driver(cluster, tmp: Path, name: str, hosts: str, ckpt: Path, tracking: dic
 def _env() -> dict:
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "TF_CPP_MIN_LOG_LEVEL": "2",
-            "HVDSYNC_FAULTS": "", "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)}
+            "HVDLAB_FAULTS": "", "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)}
 
 
 def _resets(run_dir: Path) -> list[tuple[str, int, int, float]]:

@@ -1,6 +1,6 @@
 """Runs in each worker of an elastic job (sent by value): your own Keras model trained with ``model.fit`` under
 hvdsync's elastic state and :class:`hvdsync.tensorflow.callbacks.ElasticStateCallback`; the faults of
-``HVDSYNC_FAULTS`` fire before the steps they name (as in the built-in elastic loop)."""
+``HVDLAB_FAULTS`` (:mod:`hvdlab.faults`) fire before the steps they name, from a Keras callback of this test."""
 
 
 def keras_fit(cfg_dict: dict) -> dict:
@@ -16,7 +16,8 @@ def keras_fit(cfg_dict: dict) -> dict:
     from hvdsync.config import Config
     from hvdsync.core.telemetry import monitor
     from hvdsync.datasets import load
-    from hvdsync.core.elastic.loop import RUN_DIR_ENV, inject_fault
+    from hvdlab.faults import fire
+    from hvdsync.core.elastic.loop import RUN_DIR_ENV
 
     run_dir, host = Path(os.environ[RUN_DIR_ENV]), os.environ.get("HOROVOD_HOSTNAME", "localhost")
     (run_dir / "pids").mkdir(exist_ok=True)
@@ -40,7 +41,7 @@ def keras_fit(cfg_dict: dict) -> dict:
 
     class Faults(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            inject_fault(state.position.step)
+            fire(state.position.step)
 
     def train(state):
         # Where each (re-)entry starts: (epoch, sample, world size); a user object, so rolled back with a restore.

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
 from hvdsync.launch.local import WorkerError
@@ -84,8 +85,9 @@ def shrink_and_grow(framework: str, run_dir: Path, **sections):
         elastic_launch.set_hosts(run_dir, HOSTS[:3])
 
     seen = _in_background(grow)
-    result = elastic_launch.train(config(framework, **sections), log_dir=run_dir,
-                                  faults=f"slow@30,kill@6:{HOSTS[1]}", record_reads=True, hosts=HOSTS[:2])
+    with faults.armed(f"slow@30,kill@6:{HOSTS[1]}"):
+        result = elastic_launch.train(faults.enable(config(framework, **sections)), log_dir=run_dir,
+                                      record_reads=True, hosts=HOSTS[:2])
     assert seen.get("done"), seen
     return result
 
@@ -96,7 +98,8 @@ def kill_and_resume(framework: str, tmp: Path, capsys=None):
     whole = elastic_launch.train(config(framework, elastic={"commit_every": 4, "checkpoint_dir": str(tmp / "c0")},
                                         train={"deterministic": True}), log_dir=tmp / "whole", progress=False)
     ckpt, run_dir = tmp / "c1", tmp / "killed"
-    cfg = config(framework, elastic={**sections["elastic"], "checkpoint_dir": str(ckpt)}, train=sections["train"])
+    cfg = faults.enable(config(framework, elastic={**sections["elastic"], "checkpoint_dir": str(ckpt)},
+                               train=sections["train"]))
 
     def kill_every_worker():
         wait_for(lambda: len(list(ckpt.glob("ckpt-*"))) >= 3, "three checkpoints")
@@ -105,7 +108,8 @@ def kill_and_resume(framework: str, tmp: Path, capsys=None):
 
     _in_background(kill_every_worker)
     try:
-        elastic_launch.train(cfg, log_dir=run_dir, faults="slow@30", progress=False)
+        with faults.armed("slow@30"):
+            elastic_launch.train(cfg, log_dir=run_dir, progress=False)
         raise AssertionError("the job was not killed")
     except WorkerError:
         pass

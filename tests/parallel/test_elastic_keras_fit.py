@@ -4,6 +4,7 @@ elastic_keras_fit_workers.py), the survivor restores the commit of step 6 and fi
 import cloudpickle
 import pytest
 
+from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.core.train.sharding import ShardPlan
 from tests.parallel import elastic_workers, elastic_keras_fit_workers
@@ -16,9 +17,9 @@ pytestmark = pytest.mark.skipif(len(HOSTS) < 2, reason="needs 2 local host names
 @pytest.fixture(scope="module")
 def lost_worker(tmp_path_factory):
     cfg = elastic_workers.config("tensorflow")   # 2 epochs of digits, batch 16 per rank, commit every 2 steps
-    return elastic_launch.run_elastic(elastic_keras_fit_workers.keras_fit, (cfg.to_dict(),), cfg.elastic, 2,
-                                      tmp_path_factory.mktemp("keras-fit"), hosts=HOSTS[:2],
-                                      faults=f"kill@6:{HOSTS[1]}", progress=False)[0]
+    with faults.armed(f"kill@6:{HOSTS[1]}"):
+        return elastic_launch.run_elastic(elastic_keras_fit_workers.keras_fit, (cfg.to_dict(),), cfg.elastic, 2,
+                                          tmp_path_factory.mktemp("keras-fit"), hosts=HOSTS[:2], progress=False)[0]
 
 
 def test_fit_resumes_at_the_committed_epoch_and_sample_on_the_new_world(lost_worker):

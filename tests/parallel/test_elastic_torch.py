@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.launch.local import WorkerError
 from tests.parallel import elastic_workers
@@ -85,20 +86,21 @@ def test_the_resets_are_in_the_mlflow_run(shrink_and_grow):
 def _cli(tmp_path, ckpt, *extra):
     return [str(BIN / "hvdsync"), "train", "--elastic", "--np", "2", "--min-np", "1", "--max-np", "3",
             "--checkpoint-dir", str(ckpt), "--no-track", "--json", "--batch-size", "16", "--epochs", "2",
-            "--set", "train.deterministic=true", "--set", "elastic.commit_every=4", *extra]
+            "--set", "train.deterministic=true", "--set", "elastic.commit_every=4", "--set",
+            "train.plugins=[hvdlab.faults]", "--set", "train.callbacks=[faults]", *extra]
 
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
-    env = {**os.environ, "HVDSYNC_FAULTS": ""}
+    env = {**os.environ, faults.ENV: ""}
     whole = subprocess.run(_cli(tmp, tmp / "ckpt-whole"), check=False, capture_output=True, text=True, timeout=600, env=env)
     assert whole.returncode == 0, whole.stderr[-3000:]
     # The same job, killed with SIGKILL (launcher and every worker) once it has written a few checkpoints.
     logs = tmp / "logs"
     ckpt = tmp / "ckpt"
     proc = subprocess.Popen(_cli(tmp, ckpt, "--log-dir", str(logs)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**env, "HVDSYNC_FAULTS": "slow@30"},
+                            stderr=subprocess.PIPE, text=True, env={**env, faults.ENV: "slow@30"},
                             start_new_session=True)
     _wait_for(lambda: len(list(ckpt.glob("ckpt-*"))) >= 3, "three checkpoints")
     elastic_workers.kill_whole(proc, logs)
@@ -129,8 +131,8 @@ def test_the_damaged_checkpoint_is_named_and_the_previous_one_used(killed_and_re
 
 # ---- failures that must end the job -------------------------------------------------------------------------------
 def test_a_python_exception_in_a_worker_fails_the_job_with_its_traceback(tmp_path):
-    with pytest.raises(WorkerError) as err:
-        elastic_launch.train(_cfg("torch"), log_dir=tmp_path, faults=f"raise@3:{HOSTS[1]}", progress=False)
+    with pytest.raises(WorkerError) as err, faults.armed(f"raise@3:{HOSTS[1]}"):
+        elastic_launch.train(faults.enable(_cfg("torch")), log_dir=tmp_path, progress=False)
     message = str(err.value)
     assert f"worker on {HOSTS[1]} failed" in message
     assert "Traceback (most recent call last)" in message and "RuntimeError: injected fault: raise@3" in message
@@ -138,7 +140,7 @@ def test_a_python_exception_in_a_worker_fails_the_job_with_its_traceback(tmp_pat
 
 @pytest.mark.timeout(300)  # it must end (Horovod issue 3494: survivors below min_np could wait forever)
 def test_falling_below_min_np_ends_the_job_with_a_clear_message(tmp_path):
-    cfg = _cfg("torch", elastic={"min_np": 2, "timeout_s": 5})
-    with pytest.raises(WorkerError) as err:
-        elastic_launch.train(cfg, log_dir=tmp_path, faults=f"kill@3:{HOSTS[1]}", progress=False)
+    cfg = faults.enable(_cfg("torch", elastic={"min_np": 2, "timeout_s": 5}))
+    with pytest.raises(WorkerError) as err, faults.armed(f"kill@3:{HOSTS[1]}"):
+        elastic_launch.train(cfg, log_dir=tmp_path, progress=False)
     assert "fewer than elastic.min_np=2 workers were available for elastic.timeout_s=5s" in str(err.value)

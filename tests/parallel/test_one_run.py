@@ -22,6 +22,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from tests.mlflow_runs import epochs, only_run
 from tests.parallel import elastic_workers
@@ -42,8 +43,8 @@ def rank0_killed(request, tmp_path_factory):
     uri = f"sqlite:///{tmp / 'new-store.db'}"     # does not exist yet: the launcher creates it
     cfg = elastic_workers.config(request.param, elastic={"max_np": 2},
                                  tracking={"enabled": True, "tracking_uri": uri, "spool_dir": str(tmp / "spool")})
-    result = elastic_launch.train(cfg, log_dir=tmp / "run", faults=f"slow@30,kill@{KILL_STEP}:{RANK0_HOST}",
-                                  hosts=HOSTS[:2], progress=False)
+    with faults.armed(f"slow@30,kill@{KILL_STEP}:{RANK0_HOST}"):
+        result = elastic_launch.train(faults.enable(cfg), log_dir=tmp / "run", hosts=HOSTS[:2], progress=False)
     return result, uri, tmp
 
 
@@ -72,7 +73,8 @@ def _cli(tmp: Path, *extra) -> list[str]:
     return [str(BIN / "hvdsync"), "train", "--elastic", "--np", "2", "--min-np", "1", "--max-np", "2",
             "--checkpoint-dir", str(tmp / "ckpt"), "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}",
             "--set", f"tracking.spool_dir={tmp / 'spool'}", "--json", "--batch-size", "16", "--epochs", "2",
-            "--set", "elastic.commit_every=4", *extra]
+            "--set", "elastic.commit_every=4", "--set", "train.plugins=[hvdlab.faults]", "--set",
+            "train.callbacks=[faults]", *extra]
 
 
 def _committed_epoch(ckpt: Path) -> int:
@@ -88,14 +90,14 @@ def killed_and_resumed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("one-run-resume")
     logs = tmp / "logs"
     proc = subprocess.Popen(_cli(tmp, "--log-dir", str(logs)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "HVDSYNC_FAULTS": "slow@30"}, start_new_session=True)
+                            text=True, env={**os.environ, faults.ENV: "slow@30"}, start_new_session=True)
     # Killed once the first epoch is committed: its metrics come from this job, the second epoch's from the resumed one.
     elastic_workers.wait_for(lambda: _committed_epoch(tmp / "ckpt") >= 1, "the first epoch's checkpoint")
     elastic_workers.kill_whole(proc, logs)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
     killed = client.search_runs([e.experiment_id for e in client.search_experiments()])
     resumed = subprocess.run(_cli(tmp, "--resume"), capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "HVDSYNC_FAULTS": ""})
+                             env={**os.environ, faults.ENV: ""})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return killed, json.loads(resumed.stdout), tmp
 

@@ -1,4 +1,4 @@
-"""Registries (models, data sets by name, user plugins) and Horovod's knobs applied by the one core rule."""
+"""Registries (models, data sets, callbacks by name, user plugins) and Horovod's knobs applied by the one core rule."""
 import io
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from hvdsync.config import Config, ConfigError, SyncConfig
 from hvdsync.datasets import load
 from hvdsync.core.train.runtime import applied_params, apply_horovod_env, report_knobs
-from hvdsync.registry import DATASETS, MODELS
+from hvdsync.registry import DATASETS, MODELS, make_callbacks
 
 
 def test_builtin_names_are_registered_without_importing_a_framework():
@@ -37,7 +37,31 @@ def test_a_user_plugin_registers_a_model_and_a_data_set_by_name(tmp_path, monkey
         Config.from_dict({"train": {"framework": "tensorflow", "model": "tiny", "plugins": ["my_plugin"]}})
 
 
+def test_a_user_plugin_registers_a_callback_that_the_loop_is_handed(tmp_path, monkeypatch):
+    (tmp_path / "my_callbacks.py").write_text(
+        "from hvdsync.core.train.loop import Callback\n"
+        "from hvdsync.registry import register_callback\n"
+        "@register_callback('counter')\n"
+        "class Counter(Callback):\n"
+        "    def __init__(self, cfg): self.epochs = cfg.train.epochs; self.seen = []\n"
+        "    def on_step_begin(self, ctx): self.seen.append(ctx.job_step)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = Config.from_dict({"train": {"epochs": 3, "plugins": ["my_callbacks"], "callbacks": ["counter"]}})
+    (made,) = make_callbacks(cfg)
+    assert type(made).__name__ == "Counter" and made.epochs == 3   # one per name, made for this config
+    assert make_callbacks(Config()) == []
+
+
+def test_the_job_step_counts_the_steps_before_a_resume():
+    from hvdsync.core.train.loop import TrainContext
+
+    ctx = TrainContext(None, None, None, None, None, 0, 1, global_step=4, steps_before=10)
+    assert ctx.job_step == 14 and TrainContext(None, None, None, None, None, 0, 1, global_step=4).job_step == 4
+
+
 @pytest.mark.parametrize("raw, message", [
+    ({"train": {"callbacks": ["no_such_callback"]}}, "train.callbacks: 'no_such_callback' is not allowed; choose one"),
+    ({"train": {"callbacks": "faults"}}, "train.callbacks: 'faults' is not allowed; expected a list of registered"),
     ({"train": {"model": "resnet"}}, "train.model: 'resnet' is not allowed for torch; choose one of: cnn, mlp"),
     ({"data": {"dataset": "cifar"}}, "data.dataset: 'cifar' is not allowed; choose one of: digits, digits_images"),
     ({"train": {"plugins": ["no_such_module"]}}, "train.plugins: 'no_such_module' is not allowed; it cannot be"),

@@ -14,11 +14,9 @@ Both are user objects, so a restore rolls them back with the model: they count c
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +27,6 @@ from hvdsync.core.train.sharding import PlanState
 from hvdsync.core.telemetry.tracking import Tracker, make_tracker
 
 RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
-FAULTS_ENV = "HVDSYNC_FAULTS"
 
 
 @dataclass
@@ -122,10 +119,10 @@ class _ContinuingRun:
 
 
 class ElasticCallback(Callback):
-    """The elastic parts of a run, as hooks of the shared loop (:func:`hvdsync.core.train.loop.fit_loop`): a due fault
-    before each step, then after it the read log, the run id and the state's step (which commits when due and may
-    raise ``HostsUpdatedInterrupt`` there, on every rank at the same step); after each epoch its record in the
-    committed history and a commit.
+    """The elastic parts of a run, as hooks of the shared loop (:func:`hvdsync.core.train.loop.fit_loop`): after each
+    step the read log, the run id and the state's step (which commits when due and may raise
+    ``HostsUpdatedInterrupt`` there, on every rank at the same step); after each epoch its record in the committed
+    history and a commit.
 
     Args:
         state: the :class:`~hvdsync.core.elastic.state.CommittedState`.
@@ -135,9 +132,6 @@ class ElasticCallback(Callback):
 
     def __init__(self, state: CommittedState, reporter: _Reporter, record_reads: bool = False) -> None:
         self.state, self.reporter, self.record_reads = state, reporter, record_reads
-
-    def on_step_begin(self, ctx: TrainContext) -> None:
-        inject_fault(self.state.position.step)
 
     def on_step_end(self, ctx: TrainContext) -> None:
         if self.record_reads:
@@ -152,7 +146,8 @@ class ElasticCallback(Callback):
         self.state.epoch_done()
 
 
-def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads: bool = False) -> ElasticResult:
+def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads: bool = False,
+                callbacks: Sequence[Callback] = ()) -> ElasticResult:
     """Train from the state's position to ``cfg.train.epochs`` on the shared loop; called (again after each reset)
     by the elastic run.
 
@@ -162,6 +157,8 @@ def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads
         backend: the adapter's loop backend; ``backend.refresh()`` re-reads rank and size after a reset.
         data: the dataset (same arrays on every rank).
         record_reads: count every sample each rank trains on (tests and notebook 10).
+        callbacks: more :class:`~hvdsync.core.train.loop.Callback` objects for the loop (the user's, made once per
+            process: they live on across resets); ``TrainContext.job_step`` counts the job's committed steps too.
     """
     backend.refresh()
     rank, size = backend.rank, backend.size
@@ -181,9 +178,10 @@ def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads
     # The plan for the *current* world from the committed position: the epoch's global order goes on where the
     # last commit left it, so no sample is read twice or skipped whatever the sizes before and after.
     result = fit_loop(cfg, backend, data, evaluate, tracker=_ContinuingRun(tracker),
-                      callbacks=[ElasticCallback(state, reporter, record_reads)],
+                      callbacks=[ElasticCallback(state, reporter, record_reads), *callbacks],
                       resume=PlanState(state.position.epoch, state.position.consumed),
-                      progress_desc=f"{backend.framework} elastic x{size}", observe=False)
+                      progress_desc=f"{backend.framework} elastic x{size}", observe=False,
+                      steps_before=state.position.step)
     reporter.note_run_id()
     history = state.user["history"]
     return ElasticResult(
@@ -213,26 +211,3 @@ def _record(state: CommittedState, backend, step, batch_size: int, epoch: int) -
         np.add.at(state.user["reads"][epoch], idx, 1)
     state.user["timeline"].append([time.time(), state.position.step + 1, backend.size,
                                    *[int((row >= 0).sum()) for row in everyone]])
-
-
-def inject_fault(step: int) -> None:
-    """Called by the elastic loop before each step: fire this host's fault if one is due (once per run)."""
-    spec, run_dir = os.environ.get(FAULTS_ENV), os.environ.get(RUN_DIR_ENV)
-    if not spec or not run_dir:
-        return
-    host = os.environ.get("HOROVOD_HOSTNAME", "")
-    for i, fault in enumerate(spec.split(",")):
-        action, _, rest = fault.partition("@")
-        at, _, where = rest.partition(":")
-        if action == "slow":  # every worker sleeps this many ms per step: a job slow enough to watch and to change
-            time.sleep(int(at) / 1000)
-            continue
-        if int(at) != step or where != host:
-            continue
-        marker = Path(run_dir) / f"fault-{i}.fired"
-        if marker.exists():
-            continue
-        marker.write_text(fault)
-        if action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"injected fault: {fault}")

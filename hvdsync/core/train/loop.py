@@ -111,6 +111,8 @@ class TrainContext:
     Attributes:
         epoch: the current epoch; step: optimizer steps done in this epoch (counting those before a resume).
         global_step: optimizer steps done by this run (not counting those before a resume).
+        steps_before: optimizer steps the job took before this run (an elastic run's committed steps); 0 otherwise.
+            ``job_step`` is ``steps_before + global_step``: the job's own count, across resets.
         position: samples of this epoch's global order consumed by all ranks together (the plan position).
         last_step: the step just taken (``Step``: its micro index arrays, ``global_count``); None before the first.
         metrics: after a step ``{"loss": mean loss of the step on this rank}``; after an epoch the epoch's metrics
@@ -136,6 +138,12 @@ class TrainContext:
     stop_training: bool = False
     status: str = "RUNNING"
     steps: Any = None  # the step source (adaptive shares re-divide its plan between epochs)
+    steps_before: int = 0
+
+    @property
+    def job_step(self) -> int:
+        """Optimizer steps of the whole job so far (see ``steps_before``)."""
+        return self.steps_before + self.global_step
 
     @property
     def plan_state(self) -> PlanState:
@@ -239,7 +247,7 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
              evaluate: Callable[[], Evaluation] | None = None, tracker: Tracker | None = None,
              callbacks: Sequence[Callback] = (), resume: PlanState | None = None,
              before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
-             params: Mapping[str, Any] | None = None, observe: bool = True) -> FitResult:
+             params: Mapping[str, Any] | None = None, observe: bool = True, steps_before: int = 0) -> FitResult:
     """Train ``backend`` on ``steps`` as ``cfg`` says; returns this rank's :class:`FitResult`.
 
     Args:
@@ -258,6 +266,7 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
             holds them (:func:`hvdsync.core.train.runtime.applied_params`): the record claims only settings that applied.
         observe: run the :class:`~hvdsync.core.telemetry.observe.Observer` (per-step metrics, monitor checks, the run's
             record and artifacts). The elastic loop turns it off: it re-enters after every reset.
+        steps_before: the job's optimizer steps before this run (``TrainContext.job_step``).
 
     Example:
         >>> result = fit_loop(cfg, backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
@@ -282,7 +291,7 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
                    desc=progress_desc or f"{backend.framework} x{size}")
     result = FitResult(backend.framework, size, rank, cfg.train.epochs, float("nan"))
     ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed,
-                       steps=steps)
+                       steps=steps, steps_before=steps_before)
     from hvdsync.core.train import adaptive  # here: these modules build on this module's Callback
     from hvdsync.core.telemetry.observe import Observer
 
