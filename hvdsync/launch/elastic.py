@@ -40,7 +40,6 @@ import os
 import shutil
 import socket
 import tempfile
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,7 +49,8 @@ from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import hosts as host_lists
 from hvdsync.launch import reach, worker
 from hvdsync.launch.hosts import Host
-from hvdsync.launch.local import WorkerError, environ, job_run, preflight, run
+from hvdsync.launch.base import DriverLog, WorkerError, lost_hosts, raise_clear
+from hvdsync.launch.local import environ, job_run, preflight, run
 
 DISCOVERY = "discover_hosts.sh"
 GLOO_TIMEOUT_S = 180  # see run_elastic
@@ -113,20 +113,6 @@ def write_discovery(run_dir: str | Path, hosts) -> Path:
 def worker_pids(run_dir: str | Path) -> dict[str, int]:
     """``{host: pid}`` of the workers started in ``run_dir`` (each writes its pid when it starts)."""
     return {p.stem: int(p.read_text()) for p in (Path(run_dir) / "pids").glob("*.pid") if p.read_text().strip()}
-
-
-class _DriverLog(logging.Handler):
-    """Keeps the elastic driver's messages (it logs to the root logger in this process)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if record.exc_info:
-            text += " " + "".join(traceback.format_exception_only(record.exc_info[1]))
-        self.messages.append(text)
 
 
 def placement(elastic, np: int, hosts=None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
@@ -197,32 +183,6 @@ def _ssh_options() -> Iterator[None]:
         remote.SSH_COMMAND_PREFIX = saved
 
 
-@contextlib.contextmanager
-def _lost_hosts(lost: list[dict] | None) -> Iterator[None]:
-    """Append ``{"host", "time"}`` to ``lost`` each time Horovod's driver excludes a host whose workers failed (for
-    the job's MLflow run: which host was lost, and when). Horovod says so only in an INFO log line, below the root
-    logger's level here, so its host manager's ``blacklist`` is wrapped while the job runs."""
-    if lost is None:
-        yield
-        return
-    import time
-
-    from horovod.runner.elastic.discovery import HostManager
-
-    original = HostManager.blacklist
-
-    def blacklist(manager, host):
-        if not manager.is_blacklisted(host):
-            lost.append({"host": host, "time": time.time()})
-        return original(manager, host)
-
-    HostManager.blacklist = blacklist
-    try:
-        yield
-    finally:
-        HostManager.blacklist = original
-
-
 def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path, hosts=None,
                 sync=None, env: dict[str, str] | None = None, quiet: bool = True,
                 progress: bool = True, ssh_port: int | None = None, ssh_identity_file: str | None = None,
@@ -259,7 +219,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
     # measure alike to hvdsync's (docs/measurements/allreduce.md), and passes the cache capacity only.
     knobs = {k: v for k, v in (sync.horovod_env() if sync is not None else {}).items() if k not in ELASTIC_UNSAFE_KNOBS}
     worker_env = {**knobs, RUN_DIR_ENV: str(run_dir), **(env or {})}
-    handler = _DriverLog()
+    handler = DriverLog()
     logging.getLogger().addHandler(handler)
     try:
         # The driver reads its timeout from the environment of this process. Gloo's own timeout bounds how long the
@@ -270,17 +230,17 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
         # measures it): lower it in the environment for faster recovery where workers start fast.
         gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
         timeouts = {"HOROVOD_ELASTIC_TIMEOUT": str(elastic.timeout_s), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout}
-        with environ(timeouts), _ssh_options(), _lost_hosts(lost):
+        with environ(timeouts), _ssh_options(), lost_hosts(lost):
             results = run(fn, args=args, np=np, env=worker_env, quiet=quiet, progress=progress,
                           log_dir=run_dir, runner_options=options)
     except WorkerError as exc:
-        _raise_clear(run_dir, handler.messages, elastic, exc)
+        raise_clear(run_dir, handler.messages, elastic, exc)
         raise
     finally:
         logging.getLogger().removeHandler(handler)
         if quiet:
             _echo_reports(run_dir / "workers.log")
-    _raise_clear(run_dir, handler.messages, elastic, None)
+    raise_clear(run_dir, handler.messages, elastic, None)
     return results
 
 
@@ -296,17 +256,6 @@ def _echo_reports(log: Path) -> None:
             if sep and text not in seen:
                 seen.add(text)
                 print(f"hvdsync: {text}", file=sys.stderr, flush=True)
-
-
-def _raise_clear(run_dir: Path, driver_log: list[str], elastic, exc: Exception | None) -> None:
-    errors = sorted((run_dir / "errors").glob("*.txt"))
-    if errors:
-        first = errors[0]
-        raise WorkerError(f"worker on {first.stem.rsplit('-', 1)[0]} failed; the job was stopped. Its traceback:\n"
-                          f"{first.read_text()}") from None
-    if exc is not None and any("Timed out waiting for" in m or "minimum number of slots" in m for m in driver_log):
-        raise WorkerError(f"elastic job ended: fewer than elastic.min_np={elastic.min_np} workers were available for "
-                          f"elastic.timeout_s={elastic.timeout_s}s after a reset (log: {run_dir})") from None
 
 
 def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None,

@@ -11,10 +11,6 @@ lines of that log.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
-import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -28,30 +24,14 @@ from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry import jobrun
 from hvdsync.core.telemetry.jobrun import JobRun
 from hvdsync.core.train.loop import FitResult
-from hvdsync.core.telemetry.progress import PROGRESS_ENV, progress_display
+from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.runtime import apply_horovod_env
 from hvdsync.launch import worker
+from hvdsync.launch.base import WorkerError, follow_progress, gloo_built, horovod_frameworks, mpi_built
 from hvdsync.launch.workers import Workers
 
 # Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-
-# Horovod's compiled extension for each framework, relative to the horovod package.
-_EXTENSIONS = {"torch": "torch/mpi_lib_v2*.so", "tensorflow": "tensorflow/mpi_lib*.so"}
-
-
-class WorkerError(RuntimeError):
-    """A Horovod worker failed; the message carries the tail of the workers' log."""
-
-
-def horovod_frameworks() -> list[str]:
-    """Frameworks the installed Horovod was built for (by its compiled extensions; imports no framework)."""
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    root = Path(list(spec.submodule_search_locations)[0])
-    return [name for name, pattern in _EXTENSIONS.items() if any(root.glob(pattern))]
-
 
 def preflight(cfg: Config) -> None:
     """Checks that need no worker: Horovod present, built for the framework, op supported by this build."""
@@ -61,30 +41,9 @@ def preflight(cfg: Config) -> None:
     if cfg.train.framework not in built:
         raise ConfigError(f"train.framework: {cfg.train.framework!r} is not allowed with this Horovod build; "
                           f"it was built for: {', '.join(built)} (rebuild with scripts/build_horovod.sh)")
-    if cfg.sync.op == "adasum" and not _mpi_built():
+    if cfg.sync.op == "adasum" and not mpi_built():
         raise ConfigError("sync.op: 'adasum' is not allowed with this Horovod build (Adasum needs MPI; this build "
                           "has Gloo only); choose one of: average, sum")
-
-
-@functools.cache
-def _linked(symbol: bytes) -> bool:
-    """Whether any of Horovod's compiled extensions names ``symbol``: read from the binaries, no framework import."""
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    root = Path(list(spec.submodule_search_locations)[0])
-    return any(symbol in lib.read_bytes() for pattern in _EXTENSIONS.values() for lib in root.glob(pattern))
-
-
-def _mpi_built() -> bool:
-    """Whether Horovod's extensions were linked with MPI (Adasum on CPU needs it): an MPI build references
-    ``MPI_Init_thread``; a Gloo-only build has no MPI symbol at all."""
-    return _linked(b"MPI_Init_thread")
-
-
-def _gloo_built() -> bool:
-    """Whether Horovod was built with Gloo (its controller class is in every extension built with it)."""
-    return _linked(b"GlooController")
 
 
 @contextlib.contextmanager
@@ -98,7 +57,7 @@ def _build_checks_from_binaries() -> Iterator[None]:
     """
     import horovod.runner.launch as horovod_launch
 
-    answers = {"gloo_built": lambda verbose=False: _gloo_built(), "mpi_built": lambda verbose=False: _mpi_built()}
+    answers = {"gloo_built": lambda verbose=False: gloo_built(), "mpi_built": lambda verbose=False: mpi_built()}
     saved = {name: getattr(horovod_launch, name) for name in answers}
     for name, answer in answers.items():
         setattr(horovod_launch, name, answer)
@@ -122,33 +81,6 @@ def environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def _follow_progress(path: Path, stop: threading.Event, stream: Any) -> None:
-    """Turn rank 0's JSON progress lines into a tqdm bar in this process (plain lines where ``stream`` is not a
-    terminal: :func:`hvdsync.core.telemetry.progress.progress_display`)."""
-    bar = None
-    with contextlib.suppress(FileNotFoundError):
-        path.touch()
-    with open(path) as f:
-        while True:
-            line = f.readline()
-            if not line:
-                if stop.is_set():
-                    break
-                stop.wait(0.1)
-                continue
-            record = json.loads(line)
-            if "total" in record:
-                if bar is not None:
-                    bar.close()
-                bar = progress_display(record["total"], record.get("desc", "train"), stream)
-            elif bar is not None:
-                bar.update(record.pop("n", 1))
-                if record:
-                    bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()}, refresh=False)
-    if bar is not None:
-        bar.close()
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -242,7 +174,7 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         worker_env[PROGRESS_ENV] = str(progress_path)
     terminal = sys.stderr
     stop = threading.Event()
-    follower = threading.Thread(target=_follow_progress, args=(progress_path, stop, terminal), daemon=True)
+    follower = threading.Thread(target=follow_progress, args=(progress_path, stop, terminal), daemon=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(environ(worker_env))
         log = stack.enter_context(open(log_path, "w", buffering=1))

@@ -45,9 +45,9 @@ def mpi_speaks(ompi_info: str | None = None) -> set[str] | None:
 
 def controllers() -> dict[str, str]:
     """``hvdsync doctor``'s lines: the installed Horovod's controllers, the MPI here, and how to start an MPI job."""
-    from hvdsync.launch.local import _gloo_built, _mpi_built
+    from hvdsync.launch.base import gloo_built, mpi_built
 
-    built = [name for name, ok in (("Gloo", _gloo_built()), ("MPI", _mpi_built())) if ok]
+    built = [name for name, ok in (("Gloo", gloo_built()), ("MPI", mpi_built())) if ok]
     version = mpi_version()
     lines = {"controllers": ", ".join(built) or "none (Horovod missing)"}
     if "MPI" in built:

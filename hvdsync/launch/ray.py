@@ -46,7 +46,8 @@ from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.loop import FitResult
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import ray_auth, worker
-from hvdsync.launch.local import QUIET_ENV, WorkerError, _follow_progress, preflight
+from hvdsync.launch.base import DriverLog, WorkerError, follow_progress, lost_hosts, raise_clear
+from hvdsync.launch.local import QUIET_ENV, preflight
 
 INSTALL = "pip install 'hvdsync[ray]'"
 DEFAULT_PORT = 6379      # `ray start --head`'s default GCS port
@@ -228,7 +229,7 @@ def _progress(progress: bool, env: dict[str, str], log_dir: Path) -> Iterator[No
     path.write_text("")
     env[PROGRESS_ENV] = str(path)
     stop = threading.Event()
-    follower = threading.Thread(target=_follow_progress, args=(path, stop, sys.stderr), daemon=True)
+    follower = threading.Thread(target=follow_progress, args=(path, stop, sys.stderr), daemon=True)
     follower.start()
     try:
         yield
@@ -325,7 +326,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
     node sees (pids, errors, progress), as ``elastic.checkpoint_dir``. Other arguments: :func:`run` and
     :func:`hvdsync.launch.elastic.run_elastic`.
     """
-    from hvdsync.launch.elastic import GLOO_TIMEOUT_S, _DriverLog, _raise_clear
+    from hvdsync.launch.elastic import GLOO_TIMEOUT_S
 
     ray = require_ray()
     address = resolve_address(address)
@@ -337,7 +338,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
     gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(elastic.timeout_s, GLOO_TIMEOUT_S)))
     worker_env = _worker_env(sync, {RUN_DIR_ENV: str(run_dir), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout,
                                     **(env or {})}, elastic=True)
-    handler = _DriverLog()  # Horovod's elastic driver logs to the root logger in this process
+    handler = DriverLog()  # Horovod's elastic driver logs to the root logger in this process
     with _connected(ray, address, quiet), _progress(progress, worker_env, run_dir):
         check_capacity(ray, address, elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
         if not network_interfaces and len(_alive(ray)) < 2:
@@ -362,24 +363,29 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
                 executor.adapter.run_env_vars["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = ray.util.get_node_ip_address()
                 results = executor.run(_entry, args=[payload, os.getcwd(), None])
         except RuntimeError as exc:  # the elastic driver's own end: too few workers for too long, a reset limit
-            _raise_clear(run_dir, handler.messages, elastic, exc)
+            raise_clear(run_dir, handler.messages, elastic, exc)
             raise WorkerError(f"elastic Ray job ended: {exc}") from None
         finally:
             logging.getLogger().removeHandler(handler)
             driver = getattr(getattr(executor, "adapter", None), "driver", None)
             if driver is not None and not driver.finished():
                 driver.stop()
-    _raise_clear(run_dir, handler.messages, elastic, None)
+    raise_clear(run_dir, handler.messages, elastic, None)
     return results
 
 
 def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progress: bool = True,
           log_dir: str | Path | None = None, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
-          network_interfaces: list[str] | None = None, record_reads: bool = False, **where: Any):
+          network_interfaces: list[str] | None = None, record_reads: bool = False,
+          env: dict[str, str] | None = None, **where: Any):
     """Train as ``cfg`` says on a Ray cluster: :class:`FitResult` of rank 0, or with ``elastic.enabled``
     an :class:`~hvdsync.core.elastic.loop.ElasticResult` (``elastic.min_np`` to ``elastic.max_np`` workers,
     ``train.np`` unused: the job takes the slots the cluster has). Every error of the config, the address and the
-    cluster's size is raised before any worker starts."""
+    cluster's size is raised before any worker starts.
+
+    ``env``: more environment variables for the workers. Ray's actors start with the raylet's environment, not this
+    process's: only Horovod's, hvdsync's and MLflow's variables are passed on by themselves, so a plugin named in
+    ``train.plugins`` that reads a variable of its own gets it here."""
     if where:
         raise ConfigError(f"{'/'.join('--' + k.replace('_', '-') for k in where)}: not used with --ray; Ray places "
                           "the workers on its nodes")
@@ -395,12 +401,12 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
         else:
             check_capacity(ray, address, cfg.train.np, cpus_per_worker, gpus_per_worker)
         return _train_connected(cfg, address, quiet, progress, log_dir, cpus_per_worker, gpus_per_worker,
-                                network_interfaces, record_reads)
+                                network_interfaces, record_reads, env)
 
 
 def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log_dir: str | Path | None,
                      cpus_per_worker: float, gpus_per_worker: float, network_interfaces: list[str] | None,
-                     record_reads: bool):
+                     record_reads: bool, env: dict[str, str] | None):
     from hvdsync.launch.local import job_run
 
     if not cfg.elastic.enabled:
@@ -409,21 +415,21 @@ def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log
         with job_run(cfg, "ray"):
             results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, address=address, sync=cfg.sync,
                           quiet=quiet, progress=progress, log_dir=log_dir, cpus_per_worker=cpus_per_worker,
-                          gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces)
+                          gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces, env=env)
         return FitResult(**results[0])
     from hvdsync.core.elastic.loop import ElasticResult
-    from hvdsync.launch.elastic import _lost_hosts, reset_tags, resumed_run
+    from hvdsync.launch.elastic import reset_tags, resumed_run
 
     run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-ray-elastic-"))
     lost: list[dict] = []
     try:
         with job_run(cfg, "ray", resumed_run(cfg)) as job:
             try:
-                with _lost_hosts(lost):
+                with lost_hosts(lost):
                     results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, run_dir,
                                           address=address, cpus_per_worker=cpus_per_worker,
                                           gpus_per_worker=gpus_per_worker, sync=cfg.sync, quiet=quiet,
-                                          progress=progress, network_interfaces=network_interfaces)
+                                          progress=progress, network_interfaces=network_interfaces, env=env)
             except WorkerError:
                 if job is not None:
                     job.end("FAILED", reset_tags(cfg.elastic.min_np, [], lost, None))

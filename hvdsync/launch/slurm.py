@@ -67,10 +67,10 @@ def train_in_step(cfg: Config, np_given: int | None):
     """Check the step, then train as this task's rank; returns this rank's FitResult (the caller prints rank 0's).
 
     A ConfigError from the checks is raised in every task; the caller prints it from task 0 only."""
-    from hvdsync.launch import local, worker
+    from hvdsync.launch import base, local, worker
 
     local.preflight(cfg)
-    tasks = check_step(np_given, local._mpi_built(), speaks=mpi_speaks())
+    tasks = check_step(np_given, base.mpi_built(), speaks=mpi_speaks())
     cfg = cfg.replace(train={"np": tasks})
     # The MPI controller, even where a Gloo rendezvous left variables behind in the environment.
     os.environ["HOROVOD_CONTROLLER"] = "mpi"

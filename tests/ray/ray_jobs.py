@@ -70,8 +70,15 @@ def main(spec: dict) -> dict:
     start = time.monotonic()
     options = {k: spec[k] for k in ("address", "cpus_per_worker", "network_interfaces") if k in spec}
     if spec["job"] == "train":
-        extra = {k: spec[k] for k in ("log_dir", "record_reads", "faults") if k in spec}
-        result = ray_launch.train(Config.from_dict(spec["config"]), progress=False, **options, **extra).to_dict()
+        extra = {k: spec[k] for k in ("log_dir", "record_reads") if k in spec}
+        cfg = Config.from_dict(spec["config"])
+        if "faults" in spec:
+            # The lab's fault callback (hvdlab.faults), armed in the workers: Ray's actors do not inherit this
+            # process's environment, so its variable goes with the job's own.
+            from hvdlab import faults
+
+            cfg, extra["env"] = faults.enable(cfg), {faults.ENV: spec["faults"]}
+        result = ray_launch.train(cfg, progress=False, **options, **extra).to_dict()
     else:
         fn = {"user_torch_fit": user_torch_fit, "user_keras_fit": user_keras_fit}[spec["job"]]
         result = ray_launch.run(fn, kwargs=spec.get("kwargs", {}), np=spec["np"], progress=False, **options)

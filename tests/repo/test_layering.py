@@ -195,3 +195,29 @@ def test_the_switch_scan_sees_a_fault_variable_and_argument(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\ndef run(fn, faults=''):\n    return os.environ.get('HVDSYNC_FAULTS')\n")
     assert list(_env_reads(bad)) == ["HVDSYNC_FAULTS"] and "faults" in list(_parameters(bad))
+
+
+def _private_imports(path: pathlib.Path, package: str, root: pathlib.Path = ROOT):
+    """``module.name`` for every private name (``_x``) imported from another module of ``package``."""
+    own = ".".join(path.relative_to(root).with_suffix("").parts)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package) \
+                and node.module != own:
+            yield from (f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_"))
+
+
+def test_the_launchers_share_a_base_not_each_other_s_privates():
+    # What local, elastic, Ray, MPI and Slurm launching share (build checks, progress, the driver's log and errors,
+    # lost hosts) is hvdsync.launch.base; no launcher reaches into another's private names.
+    found = [(p.name, name) for p in sorted((ROOT / "hvdsync" / "launch").glob("*.py"))
+             for name in _private_imports(p, "hvdsync.launch")]
+    assert found == []
+
+
+def test_the_private_import_scan_sees_one(tmp_path):
+    pkg = tmp_path / "hvdsync" / "launch"
+    pkg.mkdir(parents=True)
+    bad = pkg / "ray.py"
+    bad.write_text("def f():\n    from hvdsync.launch.local import _follow, run\n"
+                   "from hvdsync.launch.ray import _mine\n")
+    assert list(_private_imports(bad, "hvdsync.launch", tmp_path)) == ["hvdsync.launch.local._follow"]

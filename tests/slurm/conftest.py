@@ -14,7 +14,7 @@ import pytest
 
 from hvdlab.slurm import SlurmCluster, unavailable
 from hvdlab.testhosts import TestHosts
-from hvdsync.launch.local import _mpi_built
+from hvdsync.launch.base import mpi_built
 
 ROOT = Path(__file__).resolve().parents[2]
 # Not tests/hosts' 10.77.1, test_testhosts' 10.77.2 or tests/ray's (and benchmarks/link.py's) 10.77.3.
@@ -26,7 +26,7 @@ def hosts():
     why = unavailable()
     if why:
         pytest.skip(f"no Slurm cluster: {why}")
-    if not _mpi_built():
+    if not mpi_built():
         pytest.skip("no Slurm cluster tests: this Horovod was built without MPI (install openmpi-bin libopenmpi-dev, "
                     "then bash scripts/build_horovod.sh)")
     made = TestHosts(2, prefix=f"hvdslurm{os.getpid()}", subnet=SUBNET)

@@ -24,7 +24,7 @@ from hvdlab.testhosts import TestHosts
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.checkpoint import CheckpointStore
 from hvdsync.launch import mpi, slurm as slurm_step
-from hvdsync.launch.local import _mpi_built
+from hvdsync.launch.base import mpi_built
 from tests.hosts.checkpoints import checkpoints, newest, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +200,7 @@ def test_the_mpis_pmi_support_is_read_from_ompi_info(tmp_path):
 
 def test_doctor_says_which_controllers_and_which_mpi():
     lines = mpi.controllers()
-    if _mpi_built():
+    if mpi_built():
         assert lines["controllers"] == "Gloo, MPI"
         assert lines["mpi"].startswith(mpi.mpi_version() or "no mpirun") and "srun --mpi=pmix" in lines["mpi"]
     else:
