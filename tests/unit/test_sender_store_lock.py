@@ -68,21 +68,37 @@ def _opens(uri: str) -> bool:
         return False
 
 
+def _migration_seconds(tmp) -> float:
+    """How long MLflow's migrations of a new store take on this machine now: from its "Updating database tables"
+    line to the end of the process that opened it."""
+    proc = subprocess.Popen([sys.executable, "-c", MLFLOW_OPEN, f"sqlite:///{tmp / 'timed.db'}"],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "Updating database tables" in line:
+            break
+    start = time.monotonic()
+    proc.stderr.read()
+    proc.wait(timeout=120)
+    return time.monotonic() - start
+
+
 @pytest.fixture(scope="module")
 def half_migrated(tmp_path_factory):
     """A store left half-migrated by a process killed during MLflow's first migration (and a copy to check it)."""
     # Where the kill lands decides: on SQLite each migration commits on its own, and a kill in one that rebuilds a
-    # table breaks the store for good (any kill 0.3-2 s in did on a loaded machine), one in the first 0.1 s did not;
-    # on an idler machine the migrations end sooner (a fresh clone's run saw them end within 2 s). Up to six tries,
-    # each checked on a copy; a try whose process ended before the kill is tried again sooner.
-    for after in (1.0, 0.5, 0.3, 0.2, 1.5, 0.1):
+    # table breaks the store for good, one in the first tenth or so of them did not. How long they take depends on
+    # the machine and its load at that moment (about a second idle, several under load; fixed kill times missed
+    # both ways), so the kills come at fractions of a migration timed just before; each try is checked on a copy.
+    span = _migration_seconds(tmp_path_factory.mktemp("timed"))
+    for fraction in (0.5, 0.3, 0.7, 0.4, 0.6, 0.2, 0.8, 0.35, 0.55, 0.25):
         tmp = tmp_path_factory.mktemp("half")
-        if not _kill_during_migration(MLFLOW_OPEN, f"sqlite:///{tmp / 'broken.db'}", after):
+        if not _kill_during_migration(MLFLOW_OPEN, f"sqlite:///{tmp / 'broken.db'}", fraction * span):
             continue
         _copy(tmp / "broken.db", tmp / "check.db")
         if not _opens(f"sqlite:///{tmp / 'check.db'}"):   # the issue's state: no open of it succeeds
             return tmp / "broken.db"
-    raise AssertionError("six kills during MLflow's migrations came too late or left stores that open")
+    raise AssertionError(f"ten kills during MLflow's migrations ({span:.2f} s when timed) came too late or left "
+                         "stores that open")
 
 
 def test_a_half_migrated_store_with_runs_is_one_line_and_left_as_it_was(half_migrated, tmp_path):
