@@ -88,7 +88,9 @@ def main(spec: dict) -> dict:
     if spec["job"] == "train":
         result = launch.train(Config.from_dict(spec["config"]), progress=False, **where).to_dict()
     else:
-        fn = {"user_fit": user_fit, "ring_traffic": ring_traffic}[spec["job"]]
+        from hvdlab.bench import hierarchical
+
+        fn = {"user_fit": user_fit, "ring_traffic": ring_traffic, "hierarchical": hierarchical.traffic}[spec["job"]]
         result = launch.run(fn, kwargs=spec.get("kwargs", {}), np=spec["np"], progress=False, **where)
     return {"result": result, "seconds": time.monotonic() - start}
 

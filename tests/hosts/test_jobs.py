@@ -79,6 +79,30 @@ def test_bytes_over_the_link_match_the_ring_formula(cluster, on_host):
             assert 1.0 <= ratio_tx < 1.05 and 1.0 <= ratio_rx < 1.05
 
 
+def test_hierarchical_allreduce_sends_only_the_leaders_ring_over_the_link(cluster, on_host):
+    # 2 hosts x 2 ranks: the flat ring carries 1.5 buffers each way over each host's link, the hosts' leaders' ring
+    # 1.0 (hvdlab.bench.hierarchical); both sums are the same and right.
+    from hvdlab.bench import hierarchical
+
+    hosts = ["node1", "node1", "node2", "node2"]
+    spec = {"job": "hierarchical", "np": 4, "hosts": "node1:2,node2:2",
+            "kwargs": {"hosts": hosts, "megabytes": 8, "rounds": 3}}
+    ranks = driver(on_host, cluster, spec)["result"]
+    assert [r["hostname"] for r in ranks] == hosts, "ranks are placed host by host"
+    assert [r["leader"] for r in ranks] == [True, False, True, False]
+    for r in ranks:
+        assert r["max_diff"] < 1e-4 and r["max_err"] < 1e-4, r
+    for r in (r for r in ranks if r["leader"]):
+        buffers = r["buffer_bytes"] * r["rounds"]
+        flat = {k: r["flat"][k] / buffers for k in ("tx_bytes", "rx_bytes")}
+        tree = {k: r["hierarchical"][k] / buffers for k in ("tx_bytes", "rx_bytes")}
+        print(f"\n{r['host']}: buffers over hv0 per all-reduce, sent/received: flat {flat['tx_bytes']:.3f}/"
+              f"{flat['rx_bytes']:.3f}, hierarchical {tree['tx_bytes']:.3f}/{tree['rx_bytes']:.3f}")
+        for k in flat:
+            assert hierarchical.flat_link_buffers(4) <= flat[k] < hierarchical.flat_link_buffers(4) * 1.05
+            assert hierarchical.hierarchical_link_buffers(2) <= tree[k] < hierarchical.hierarchical_link_buffers(2) * 1.05
+
+
 def test_plain_horovodrun_trains_the_torch_example_across_hosts(cluster, on_host):
     out = on_host("node1", ["horovodrun", "-np", "4", "-H", "node1:2,node2:2", "--gloo", "--network-interface", "hv0",
                             "-i", str(cluster.key), "-p", str(cluster.ssh_port),
