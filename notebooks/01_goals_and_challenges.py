@@ -227,6 +227,13 @@ plt.show()
 # work as before, yet its `sync_wait` grows with the delay: its all-reduce cannot finish before rank 1 hands in
 # its gradient (the cell asserts that rank 0's extra wait is more than half the delay, and prints how much it is in
 # this run). The throughput of the *whole* job falls with it (printed and plotted).
+#
+# **Predict, then run.** When rank 1 sleeps 40 ms before every step (the largest delay), by how many milliseconds per
+# step will rank 0's sync wait grow over the run without delay? Write your guess in the next cell (a number of ms),
+# then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 5.0
 
 # %%
 print(" delay on rank 1 | rank 0 sync wait/step | rank 1 sync wait/step | job samples/s")
@@ -238,6 +245,8 @@ for r0, r1 in zip(rank0["runs"], rank1["runs"]):
           f"{r0['samples_per_second']:>12.0f}")
 growth = waits[0][-1] - waits[0][0]
 print(f"rank 0's sync wait grew by {growth:.1f} ms per step for a {DELAYS_MS[-1]} ms delay on rank 1")
+print(f"your prediction: {my_prediction} ms; measured: {growth:.1f} ms" if my_prediction is not None else
+      f"measured: {growth:.1f} ms (write a prediction above and run again to compare)")
 # Checked on the gap between the ranks, which a machine-wide slowdown (other jobs on these cores) does not open.
 gap = (waits[0][-1] - waits[1][-1]) - (waits[0][0] - waits[1][0])
 print(f"rank 0 now waits {gap:.1f} ms per step longer than rank 1 than it did without the delay")

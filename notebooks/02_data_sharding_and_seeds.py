@@ -317,6 +317,14 @@ plt.show()
 # waits for its batch (the whole step's time scatters with whatever else shares the cores). hvdsync's
 # `ShardedLoader` slices arrays already in memory, where there is nothing to hide; with files, hand the indices of
 # its plan to a `DataLoader` like this one.
+#
+# **Predict, then run.** Reading a batch takes 50 ms; the step's own forward and backward pass takes far less. How
+# many milliseconds will a step wait for its batch (the median of 16 steps) with `num_workers=0`, and with 4
+# prefetching worker processes (`prefetch_factor=2`)? Write your guess in the next cell (a dict of two numbers of
+# ms), then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. {"in_line": 20.0, "prefetched": 10.0}
 
 # %%
 import warnings
@@ -369,6 +377,10 @@ with warnings.catch_warnings():
 print(f"reading one batch: {READ_S * 1e3:.0f} ms; the step waited for its batch {np.median(in_line[0]):.1f} ms with "
       f"num_workers=0 and {np.median(prefetched[0]):.1f} ms with 4 prefetching workers (medians of {STEPS})")
 print(f"in this run a whole step took {np.median(in_line[1]):.1f} ms and {np.median(prefetched[1]):.1f} ms")
+waited = {"in_line": float(np.median(in_line[0])), "prefetched": float(np.median(prefetched[0]))}
+measured = ", ".join(f"{key} {ms:.1f} ms" for key, ms in waited.items())
+print(f"your prediction: {my_prediction}; measured: {measured}" if my_prediction is not None else
+      f"measured: {measured} (write a prediction above and run again to compare)")
 assert np.median(prefetched[0]) < 0.5 * READ_S * 1e3 <= np.median(in_line[0]), "the workers hide most of the reading"
 
 fig, ax = plt.subplots(figsize=(7, 2.8))

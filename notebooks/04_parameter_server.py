@@ -157,9 +157,17 @@ for world, servers in ((2, 0), (4, 1), (4, 0), (8, 2), (8, 0)):
 # With W = 2 the server's load, (W−1)·S each way, equals any rank's in the ring, 2(W−1)/W·S = S. The numpy
 # simulation counts the same way for more ranks: the server's link grows like W, a ring or sharded rank's stays
 # below 2S, and all three reach the same parameters.
+#
+# **Predict, then run.** With W = 8 ranks, how many times the bytes a ring rank sends per step will rank 0 send, as
+# the one server, and as one owner of a sharded PS? Write your guess in the next cell (a dict of two ratios), then
+# run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. {"one server": 2.0, "sharded": 0.5}
 
 # %%
 data = digits()
+sent_ratio = {}    # (W, servers): rank 0's bytes sent over a ring rank's
 for world in (4, 8):
     steps_w = len(data.x_train) // (world * 16)
     a = sim.simulate("allreduce", data, world, steps_w)
@@ -170,10 +178,14 @@ for world in (4, 8):
               f"a ring rank's bytes, other ranks {p.traffic.sent[1] / a.traffic.sent[1]:.2f}x; parameters vs ring {diff:.1e}")
         assert diff < 1e-10
         ratio = p.traffic.sent[0] / a.traffic.sent[0]
+        sent_ratio[world, servers] = ratio
         if servers == 1:   # the server sends W-1 copies where a ring rank sends 2(W-1)/W of one: W/2 times more
             assert abs(ratio - world / 2) < 0.01 and p.traffic.received[0] == (world - 1) * p.params[0].nbytes * steps_w
         else:
             assert abs(ratio - 1) < 0.01
+measured = f"one server {sent_ratio[8, 1]:.2f}x, sharded {sent_ratio[8, 0]:.2f}x a ring rank's bytes (W = 8)"
+print(f"your prediction: {my_prediction}; measured: {measured}" if my_prediction is not None else
+      f"measured: {measured} (write a prediction above and run again to compare)")
 worlds = np.array([2, 4, 8, 16, 32, 64])
 # A figure is made and shown in one cell: the inline backend shows and closes it at the end of the cell.
 fig, a1 = plt.subplots(figsize=(6, 3.6))

@@ -267,6 +267,13 @@ plt.show()
 # 20 timed times, on 3 and then 4 workers (one job each), beside the 2-worker run above. Said plainly: this machine
 # has 2 cores, so 3 and 4 workers also share cores with each other, which adds to the time as well; the per-step
 # latency of a real cluster is not what this measures, only that more ranks in the ring cost more time.
+#
+# **Predict, then run.** Going from 2 to 4 workers, the ring's steps grow from 2 to 6 and each rank's bytes from
+# 64 KiB to 96 KiB. How many times the 2 workers' median time will the 64 KiB all-reduce take on 4 workers? Write
+# your guess in the next cell (a number), then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 1.2
 
 # %%
 small = SIZES[0]
@@ -284,6 +291,8 @@ for n, t in med.items():
           f"{2 * (n - 1)} steps; each rank sends {ring.ring_bytes_per_rank(n, small) / 2**10:.0f} KiB")
 print(f"in this run: 4 workers took {med[4] / med[2]:.1f}x the 2 workers' time, 3 workers {med[3] / med[2]:.1f}x "
       f"(the ring's steps grow 3x and 2x; the bytes per rank only 1.5x and 1.33x)")
+print(f"your prediction: {my_prediction}; measured: {med[4] / med[2]:.2f}x" if my_prediction is not None else
+      f"measured: {med[4] / med[2]:.2f}x (write a prediction above and run again to compare)")
 assert med[4] > med[2], "more ranks in the ring: a small all-reduce takes longer"
 
 fig, ax = plt.subplots(figsize=(6, 3.4))

@@ -173,6 +173,14 @@ print(f"2 jobs x 2 orders x 2 variants in {time.perf_counter() - start:.0f} s; "
 # which *some* all-reduce was running, merge the backward windows the worker stamped, and divide the length of
 # their intersection by the first. Written out here, then checked against the package's
 # `hvdsync.core.telemetry.timeline.overlap` on every row.
+#
+# **Predict, then run.** With Horovod's hooks an all-reduce can start while backward is still computing; after
+# backward, none can. Each variant ran four rows (two layer orders, two fusion thresholds). What is the largest share
+# of the all-reduce time that falls inside backward with the hooks, and after backward (a fraction between 0 and 1
+# for each)? Write your guess in the next cell, then run the one after it.
+
+# %%
+my_prediction = None   # your guesses, e.g. {"hooks": 0.5, "after_backward": 0.5}
 
 # %%
 def merged(intervals):
@@ -225,6 +233,10 @@ for mb in THRESHOLDS:
     hid = {o: h for m, o, v, h, *_ in table if m == mb and v == "hooks"}
     print(f"in this run, hooks at fusion {mb} MiB: big layers at the output end hid {hid['big_last']:.0%}, "
           f"at the input end {hid['big_first']:.0%}")
+largest = {v: max(h for _, _, vv, h, *_ in table if vv == v) for v in ("hooks", "after_backward")}
+shown = ", ".join(f"{v} {h:.2f}" for v, h in largest.items())
+print(f"your prediction: {my_prediction}; measured: {shown}" if my_prediction is not None else
+      f"measured: {shown} (write a prediction above and run again to compare)")
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 3.4))

@@ -170,6 +170,17 @@ shared, (constant, grown) = launch.run(share_runs, args=([(c.to_dict(), s) for c
 results = dict(zip(runs, shared))
 print(f"2 Horovod workers trained {len(runs)} + 2 models in {time.perf_counter() - start:.1f} s (start-up included)")
 
+# %% [markdown]
+# **Predict, then run.** With equal shares every step waits for rank 1, which computes 2x slower; with adaptive
+# shares the fast rank 0 takes the larger piece of every step from epoch 1 on (epoch 0 runs with equal shares in
+# both: nothing is measured before it). Over the epochs after the first, how many times the equal shares' epoch
+# time does an epoch with adaptive shares take? (1.0 would be no gain; with a core per rank, shares of 2/3 and 1/3
+# would give about 0.67, but here the two ranks share this machine's cores.) Write your guess in the next cell, then
+# run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 1.0
+
 # %%
 print(f"{'run':<16} | epoch seconds per epoch        | samples rank 0 / rank 1 (last epoch) | reads per sample "
       f"| ranks equal")
@@ -199,6 +210,8 @@ print(f"epoch time over epochs 1..: equal {later('equal shares'):.2f} s, adaptiv
       f"ratio {ratio:.2f} ({1 - ratio:.0%} lower; no slow rank: {later('no slow rank'):.2f} s)")
 print(f"in this run the target (at least 25% lower) was {'met' if ratio <= 0.75 else 'not met'}: a busy machine "
       "moves this ratio from run to run, so it is printed, not asserted")
+print(f"your prediction: {my_prediction}; measured: {ratio:.2f}x" if my_prediction is not None else
+      f"measured: {ratio:.2f}x (write a prediction above and run again to compare)")
 
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))

@@ -89,6 +89,14 @@ print(f"{cfg.train.np} workers on {hosts[:2]}, batch {cfg.data.batch_size} per w
 # process id, as an out-of-memory killer or a lost machine would. Every worker sleeps 40 ms per step so that the
 # job lasts long enough to watch (`hvdlab.faults`' `slow@40`). Because Horovod excludes the failed host for a
 # cooldown and then lets it back, the job first shrinks to one worker and then grows back to two.
+#
+# **Predict, then run.** After the `SIGKILL` the survivor's next collective fails; it then restores the last commit,
+# forms a new ring of one worker, syncs from the new rank 0 and trains its next step, which takes at least the 40 ms
+# sleep. How many seconds pass from the failure to the end of that first step (the `worker lost` reset's
+# `recovery_seconds`)? Write your guess in the next cell, then run the one after it.
+
+# %%
+my_prediction = None   # your guess in seconds, e.g. 1.0
 
 # %%
 run_dir = work / "kill-one"
@@ -111,6 +119,10 @@ print(result.summary())
 for e in result.resets:
     print(f"  {e['reason']:<12} world {e['size_before']} -> {e['size_after']}, first step after it: {e['step']}, "
           f"recovered in {e['recovery_seconds']:.2f} s")
+lost = next((e for e in result.resets if e["reason"] == "worker lost"), None)
+recovery = lost["recovery_seconds"] if lost is not None else float("nan")   # section 2 asserts there is one
+print(f"your prediction: {my_prediction}; measured: {recovery:.2f} s" if my_prediction is not None else
+      f"measured: {recovery:.2f} s (write a prediction above and run again to compare)")
 
 # %% [markdown]
 # ## 2 · Every sample exactly once, on every world size

@@ -263,6 +263,13 @@ plt.show()
 # training at the cost of two. Its steps hold 32 distinct samples, so it gets one worker's learning rate (0.02);
 # sharded, each rank reads half of every global batch of 64 at 0.04. Rank 0 also trained one plain PyTorch process
 # (batch 32, no Horovod) to check the claim.
+#
+# **Predict, then run.** In both runs a rank computes on 32 samples per step. How many times the sharded run's
+# training time (its 8 epochs, timed on rank 0, the two runs alternating epoch by epoch) does the unsharded run take?
+# Write your guess in the next cell, then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 1.0
 
 # %%
 print(f"{'plan':<13} | steps/epoch | reads in epoch 1 | distinct samples | duplicated reads | "
@@ -294,7 +301,11 @@ print(f"in this run: in the {t_best[-1]:.2f} s the sharded run needed for {cfg.t
 assert np.abs(acc_best - acc_dup).mean() < 0.05, "per epoch, sharded 2 x 32 (lr x 2) learns like 1 x 32"
 # The times are shown, not asserted: on a shared machine a timing can swing either way (the benchmarks hold the
 # speed claims). What is certain is above: twice the steps (43 against 22) for the same samples per epoch.
+cost = t_dup[-1] / t_best[-1]
+print(f"your prediction: {my_prediction}; measured: {cost:.2f}x" if my_prediction is not None else
+      f"measured: {cost:.2f}x (write a prediction above and run again to compare)")
 
+# %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
 for name, label in (("best_practice", "sharded (ShardPlan)"), ("no_sharding", "not sharded: the same batches on both")):
     h = rank0[name]["history"]

@@ -80,6 +80,13 @@ MODES = {"(warm-up)": {}, "synchronous": {}, "local H=1": {"mode": "local_sgd", 
 #
 # The same MLP from the same start over the same samples (SGD with momentum 0.9), once per mode. Each rank records
 # a fingerprint of its parameters after every step, to see when the ranks agree.
+#
+# **Predict, then run.** Synchronous SGD all-reduces the gradients at every step; local SGD averages the parameters,
+# and the momentum with them, every H steps. Over the same 88 steps, how many bytes do local H = 1, H = 4 and H = 8
+# hand over to Horovod, relative to synchronous SGD? Write your guesses in the next cell, then run the one after it.
+
+# %%
+my_prediction = None   # your guesses, e.g. {"local H=1": 1.0, "local H=4": 1.0, "local H=8": 1.0}
 
 # %%
 runs = launch.run(train_modes, args=(cfg.to_dict(), MODES), kwargs={"trace": True}, np=2, sync=cfg.sync,
@@ -96,6 +103,11 @@ assert r0["synchronous"]["rounds"] == steps and r0["local H=4"]["rounds"] * 4 ==
 assert r0["local H=8"]["rounds"] == local_sgd.rounds(steps, 8)
 assert r0["post-local 8+H=8"]["rounds"] == local_sgd.rounds(steps, 8, warmup=8)
 assert abs(r0["local H=4"]["accuracy"] - sync_acc) <= 0.02
+sync_bytes = r0["synchronous"]["wire"]["bytes"]
+byte_ratios = {n: r0[n]["wire"]["bytes"] / sync_bytes for n in ("local H=1", "local H=4", "local H=8")}
+shown = ", ".join(f"{n} {v:.2f}" for n, v in byte_ratios.items())
+print(f"your prediction: {my_prediction}; measured: {shown}" if my_prediction is not None else
+      f"measured: {shown} (write a prediction above and run again to compare)")
 
 # %% [markdown]
 # H = 1 averages parameters and momentum after every step: for SGD with momentum that is the same arithmetic as
@@ -106,8 +118,6 @@ assert abs(r0["local H=4"]["accuracy"] - sync_acc) <= 0.02
 # network.
 
 # %%
-sync_bytes = r0["synchronous"]["wire"]["bytes"]
-byte_ratios = {n: r0[n]["wire"]["bytes"] / sync_bytes for n in ("local H=1", "local H=4", "local H=8")}
 print("bytes handed over, relative to synchronous SGD: "
       + ", ".join(f"{n} {v:.3f}" for n, v in byte_ratios.items()))
 print(f"accuracy, local H=1 vs synchronous: {r0['local H=1']['accuracy']:.4f} vs {sync_acc:.4f}")

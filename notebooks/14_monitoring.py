@@ -169,6 +169,16 @@ for ax in axes:
 plt.tight_layout()
 plt.show()
 
+# %% [markdown]
+# In the slow run rank 1 sleeps 100 ms before each of its steps and rank 0 does not; the steps themselves (a small
+# MLP, 32 samples per rank) take a few milliseconds.
+#
+# **Predict, then run.** What step time, in milliseconds, will the monitor record for rank 0 and for rank 1 in the
+# slow run? Write your guess in the next cell (a dict, rank: ms), then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. {0: 40.0, 1: 60.0}
+
 # %%
 healthy, nudged, slow = runs["healthy"], runs["nudged"], runs["slow"]
 assert max(history(healthy, "monitor/param_spread")[1]) == 0.0            # bitwise equal, every check
@@ -178,13 +188,20 @@ assert NUDGE_STEP + 1 <= first_alarm <= NUDGE_STEP + EVERY                # caug
 assert slow.data.tags["hvdsync.alarm.straggler.rank"] == "1"
 print(f"divergence injected before step {NUDGE_STEP + 1}, alarm at step {first_alarm}; "
       f"straggler named at step {min(history(slow, 'alarm/straggler')[0])}")
-print("mean step time in the slow run, rank 0 / rank 1 (ms):",
-      [round(1e3 * slow.data.metrics[f"rank/{r}/step_seconds"], 1) for r in (0, 1)])
+step_ms = {r: round(1e3 * slow.data.metrics[f"rank/{r}/step_seconds"], 1) for r in (0, 1)}
+work_ms = {r: round(1e3 * slow.data.metrics[f"rank/{r}/work_seconds"], 1) for r in (0, 1)}
+print("mean step time in the slow run, rank 0 / rank 1 (ms):", list(step_ms.values()))
 # The nudge is invisible in the usual curves: the last recorded loss and the test accuracy barely move.
 loss_h, loss_n = history(healthy, "step/loss")[1][-1], history(nudged, "step/loss")[1][-1]
 acc_h, acc_n = results[0]["test_accuracy"], results[1]["test_accuracy"]
 print(f"healthy vs nudged: last loss {loss_h:.4f} vs {loss_n:.4f}, test accuracy {acc_h:.4f} vs {acc_n:.4f}")
 assert abs(loss_n - loss_h) < 0.05 * loss_h and abs(acc_n - acc_h) <= 0.01
+# In lock-step the fast rank waits in the all-reduce for the slow one: both step times carry the 100 ms, and only
+# the working time (step time minus that wait) tells the ranks apart.
+print(f"your prediction: {my_prediction}; measured: step time {step_ms} ms (working time {work_ms} ms)"
+      if my_prediction is not None else
+      f"measured: step time {step_ms} ms, working time {work_ms} ms "
+      "(write a prediction above and run again to compare)")
 
 # %% [markdown]
 # ## 3 · The other signals: per-rank loss, update size, utilisation, network I/O

@@ -96,6 +96,14 @@ assert np.count_nonzero(sent) == codec.k(40) and np.array_equal(residual + sent,
 # section 5's three runs with momentum (read there). Each run reports the bytes its rank handed to Horovod (counted by hvdsync's wire counter: values *and* indices, scales, factors),
 # the bytes its codec's formula predicts, the test accuracy per epoch, and the largest difference between the
 # ranks' parameter fingerprints after any step.
+#
+# **Predict, then run.** The MLP's gradient is a 64 × 64 and a 10 × 64 weight matrix and two bias vectors (64 and
+# 10): 4,810 float32 values, 19,240 bytes per step with no compression. How many times fewer bytes per step will
+# `int8`, `powersgd:2` and `topk:0.01` hand to Horovod? Write your guess in the next cell (a dict, codec: ratio),
+# then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. {"int8": 2.0, "powersgd:2": 3.0, "topk:0.01": 10.0}
 
 # %%
 variants = [("none", True), ("fp16", True), ("bf16", True), ("int8", True), ("powersgd:2", True),
@@ -127,6 +135,10 @@ for r in results:
           f"{r['test_accuracy'] - none['test_accuracy']:>+10.4f} {r['step_spread_max'] == 0.0}")
     assert per_step == r["wire_bytes_per_step_formula"], "counted bytes = the codec's formula"
     assert r["step_spread_max"] == 0.0, "identical parameters on both ranks after every step"
+fewer = {label(r): round(none["wire"]["bytes"] / r["wire"]["bytes"], 1)
+         for r in results if label(r) in ("int8", "powersgd:2", "topk:0.01")}
+print(f"your prediction: {my_prediction}; measured: {fewer} times fewer bytes" if my_prediction is not None else
+      f"measured: {fewer} times fewer bytes (write a prediction above and run again to compare)")
 
 # %% [markdown]
 # ## 3 · Bytes against accuracy

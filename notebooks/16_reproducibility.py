@@ -130,12 +130,26 @@ print(f"in this run: 2 intra-op threads {'left the bits unchanged' if bitwise(fi
 #
 # The same global batch of 32 samples per step, once as 2 workers × 16, once as 1 process × 32: mathematically
 # the same steps (notebook 01), numerically not quite, because the gradient's sum is split differently.
+#
+# **Predict, then run.** After one epoch of the same steps, how far apart will the 1 × 32 run's parameters and the
+# 2 × 16 run's be (the largest difference over all parameters; the weights start within ±0.125)? Write your guess
+# in the next cell (a number), then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 1e-3
 
 # %%
 single = launch.run(variants, args=(base.replace(train={"np": 1}, data={"batch_size": 32}).to_dict(), True), np=1)[0][0]
 print(f"1 x 32 vs 2 x 16: bitwise equal {bitwise(first, single)}, largest difference {max_diff(first, single):.3g}")
 assert max_diff(first, single) < 1e-5          # the same maths: only float32 rounding apart (notebook 01's bound)
+print(f"your prediction: {my_prediction}; measured: {max_diff(first, single):.3g}" if my_prediction is not None else
+      f"measured: {max_diff(first, single):.3g} (write a prediction above and run again to compare)")
 
+# %% [markdown]
+# Why the bits differ: floating-point addition is not associative. The same 100,000 float32 numbers, summed in
+# four orders:
+
+# %%
 rng = np.random.default_rng(0)
 values = rng.standard_normal(100_000).astype(np.float32)
 orders = {"in order": values, "reversed": values[::-1], "shuffled": rng.permutation(values),

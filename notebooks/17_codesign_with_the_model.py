@@ -158,6 +158,13 @@ plt.show()
 # indices and float32 rows; `dense` hands it the whole table. Every tensor handed over is counted
 # (`WireCounter`), and compared with `hvdlab.embedding.exchange_formula`. Both ways start from the same model and
 # see the same ids, so their reduced gradients and final parameters must agree.
+#
+# **Predict, then run.** The dense all-reduce hands Horovod the whole table's gradient every step: 100,000 × 16
+# float32 values, 6.4 MB. How many times fewer bytes will the allgather of the touched rows hand over (one rank,
+# the same 4 steps)? Write your guess in the next cell (a number), then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 20.0
 
 # %%
 print("framework  | rank | distinct rows/step | bytes allgather | bytes dense | x fewer | max |Δgrad| | ranks equal")
@@ -171,6 +178,10 @@ for fw, job in (("torch", pt), ("tensorflow", tf)):
         assert de["bytes"] / ag["bytes"] >= 50, "the target: at least 50x fewer bytes than the dense all-reduce"
         assert r["grad_difference"] <= 1e-6 * r["grad_scale"], "the same reduced gradient (float rounding only)"
         assert ag["spread"] == de["spread"] == 0.0, "identical parameters on every rank"
+fewer = {f"{fw} rank {r['rank']}": round(r["modes"]["dense"]["bytes"] / r["modes"]["allgather"]["bytes"])
+         for fw, job in (("torch", pt), ("tensorflow", tf)) for r in (job[0]["embedding"], job[1]["embedding"])}
+print(f"your prediction: {my_prediction}; measured: {fewer} times fewer" if my_prediction is not None else
+      f"measured: {fewer} times fewer (write a prediction above and run again to compare)")
 
 # %% [markdown]
 # The allgather's advantage shrinks as the world grows: every rank *receives* every other rank's rows, while a ring

@@ -144,6 +144,13 @@ plt.show()
 # real workers each rank mixes with two different neighbours (Metropolis weights 1/3 each): a mixing shrinks the
 # distance without closing it. Gossip every step, 1 epoch (the 4 workers share the 2 cores, so only the
 # consensus is looked at here, not the time).
+#
+# **Predict, then run.** Between two mixings each rank takes an SGD step on its own samples, which pushes the ranks
+# apart again. By what factor does one mixing multiply the consensus distance on the 4 real workers (after / before,
+# the median over the epoch's mixings)? Write your guess in the next cell (a number), then run the one after it.
+
+# %%
+my_prediction = None   # your guess, e.g. 0.9
 
 # %%
 four = launch.run(train_modes, args=(cfg.replace(train={"np": 4, "epochs": 1}).to_dict(),
@@ -167,6 +174,8 @@ a1.set_yscale("log"), a1.set_xlabel("step"), a1.set_ylabel("consensus distance")
 a1.set_title("4 Horovod workers, gossip every step")
 plt.tight_layout()
 plt.show()
+print(f"your prediction: {my_prediction}; measured: {np.median(shrink):.3f}" if my_prediction is not None else
+      f"measured: {np.median(shrink):.3f} (write a prediction above and run again to compare)")
 
 # %% [markdown]
 # ## 3 · More ranks, simulated: ranks that start apart are pulled together

@@ -216,6 +216,48 @@ def test_notebook_follows_its_guide_section(stem):
     assert "assert " in code, "a notebook checks the claims it makes on the numbers it measured"
 
 
+PREDICT = "**Predict, then run.**"
+GUESS = re.compile(r"^my_prediction = None\b", re.M)
+
+
+def exercise_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """What a notebook's "predict, then run" exercise lacks: the question in a markdown cell, then a code cell that
+    is only the reader's guess (``my_prediction = None``), then a code cell that measures and prints the guess beside
+    the measured figure."""
+    cells = nb.cells
+    asked = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and PREDICT in c.source]
+    if not asked:
+        return [f"no markdown cell asks {PREDICT!r}"]
+    problems = []
+    for i in asked:
+        guess = next((j for j in range(i + 1, len(cells)) if cells[j].cell_type == "code"), None)
+        if guess is None or not GUESS.search(cells[guess].source) or len(cells[guess].source.splitlines()) != 1:
+            problems.append(f"cell {i}: the next code cell must be only `my_prediction = None   # ...`")
+            continue
+        answer = cells[guess + 1] if guess + 1 < len(cells) else None
+        if answer is None or answer.cell_type != "code" or "my_prediction" not in answer.source \
+                or "print(" not in answer.source:
+            problems.append(f"cell {guess}: the cell after the guess must measure and print it beside the figure")
+    return problems
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_notebook_has_a_predict_then_run_exercise(stem):
+    assert exercise_problems(_read_ipynb(stem)) == [], stem
+
+
+def test_the_exercise_check_catches_a_missing_question_guess_or_answer():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    ask, guess = md(f"{PREDICT} How many?"), code("my_prediction = None   # e.g. 2")
+    answer = code("x = 4\nprint(f'your prediction: {my_prediction}; measured: {x}')")
+    whole = nbformat.v4.new_notebook(cells=[ask, guess, answer])
+    assert exercise_problems(whole) == []
+    assert exercise_problems(nbformat.v4.new_notebook(cells=[guess, answer])) != []
+    assert exercise_problems(nbformat.v4.new_notebook(cells=[ask, answer])) != []
+    assert exercise_problems(nbformat.v4.new_notebook(cells=[ask, guess, code("x = 4\nprint(x)")])) != []
+    assert exercise_problems(nbformat.v4.new_notebook(cells=[ask, guess])) != []
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_workers_are_started_only_through_hvdsync(stem):
     code = _code(_read_ipynb(stem))
