@@ -8,13 +8,15 @@ fonts chromium really drew a title with). For every page in the site's nav it ch
 - every <img> is loaded (naturalWidth > 0) and not blank: drawn on a canvas in the page, its pixels vary (std > 2.5
   on 0-255), so a chart that came out empty fails; an executed notebook page with no image at all fails too;
 - every link to the site itself resolves (HTTP 200, and a #fragment names an id on the target page);
+- no code in a table's first column (the config reference's field names) breaks across lines, and no table or
+  printed output sticks out past the content column (they scroll inside their blocks);
 - on each notebook page, the Chinese in the title is drawn with real glyphs, not empty boxes ("tofu"): the system has
   a CJK font (fc-list), chromium reports a CJK font among the fonts it drew the title with, and each distinct Chinese
   character of the title draws different pixels (missing glyphs all draw the same box). What it cannot see: whether
   a glyph is the right one, or looks right to a reader.
 
-Writes screenshots (home, a notebook with a chart, the config reference) and summary.json into
-docs/measurements/site/, and prints each failure as one line naming the page and what failed; exits 1 if any.
+Writes screenshots (home, a notebook with a chart, the config reference, the top of every notebook page) and
+summary.json into docs/measurements/site/, and prints each failure as one line naming the page and what failed; exits 1 if any.
 
     python -m scripts.docs.check [--site site] [--out docs/measurements/site]
 """
@@ -137,8 +139,8 @@ def check_title(driver, page: str) -> tuple[dict, list[str]]:
             "distinct_glyphs": len({g["hash"] for g in glyphs}), "chars": len(glyphs)}, fails
 
 
-def screenshot(driver, path: Path, scroll_to: str | None = None) -> None:
-    """A small PNG: the viewport, scrolled to ``scroll_to`` if given, reduced to a 64-colour palette."""
+def screenshot(driver, path: Path, scroll_to: str | None = None, scale: float = 0.75, colors: int = 64) -> None:
+    """A small PNG: the viewport, scrolled to ``scroll_to`` if given, scaled, reduced to a palette of ``colors``."""
     from PIL import Image
 
     if scroll_to:
@@ -146,8 +148,33 @@ def screenshot(driver, path: Path, scroll_to: str | None = None) -> None:
                               scroll_to)
         time.sleep(0.3)
     image = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
-    image = image.resize((image.width * 3 // 4, image.height * 3 // 4), Image.LANCZOS)
-    image.quantize(colors=64).save(path, optimize=True)
+    image = image.resize((int(image.width * scale), int(image.height * scale)), Image.LANCZOS)
+    image.quantize(colors=colors).save(path, optimize=True)
+
+
+# Code in a table's first column drawn on more than one line (a field name broken in two), and blocks whose content
+# sticks out past the page's content column instead of scrolling inside the block.
+LAYOUT_JS = """
+const broken = [...document.querySelectorAll('.md-typeset table td:first-child code')]
+  .filter(c => c.getClientRects().length > 1).map(c => c.textContent);
+const column = document.querySelector('.md-content').getBoundingClientRect().right;
+// A wide table scrolls inside the theme's wrapper, so the wrapper is what must stay inside the column.
+const blocks = [...document.querySelectorAll('.md-typeset table')].map(t => t.closest('.md-typeset__scrollwrap') || t)
+  .concat([...document.querySelectorAll('.jp-OutputArea-output pre, .md-typeset pre')]);
+const sticking = blocks.filter(e => e.getBoundingClientRect().right > column + 1)
+  .map(e => e.tagName + ' ' + (e.textContent || '').slice(0, 40));
+return {broken: broken, sticking: sticking};
+"""
+
+
+def check_layout(driver, page: str) -> list[str]:
+    """Field names drawn whole, wide tables and printed output scrolling inside their blocks."""
+    found = driver.execute_script(LAYOUT_JS)
+    fails = [f"{page}: a table's first-column name breaks across lines: {found['broken'][:3]}"] if found["broken"] else []
+    if found["sticking"]:
+        fails.append(f"{page}: {len(found['sticking'])} tables or printed outputs stick out past the content column, "
+                     f"e.g. {found['sticking'][0]!r}")
+    return fails
 
 
 def run_checks(driver, base: str, out: Path) -> dict:
@@ -178,6 +205,9 @@ def run_checks(driver, base: str, out: Path) -> dict:
                 failures.append(f"{page}: image {i + 1} did not load ({img['src']})")
             elif img["error"] or img["std"] is None or img["std"] <= BLANK_STD:
                 failures.append(f"{page}: image {i + 1} is blank (pixel std {img['std']}, {img['error'] or 'drawn'})")
+        layout = check_layout(driver, page)
+        result["layout_ok"] = not layout
+        failures += layout
         if executed and not images:
             failures.append(f"{page}: an executed notebook with no chart on its page")
         if is_notebook:
@@ -228,12 +258,17 @@ def report(summary: dict) -> str:
         f"{sum(r['notebook'] != 'executed' for r in notebooks)} |",
         f"| notebook titles drawn with a CJK font, distinct glyphs | "
         f"{sum(1 for r in notebooks if r['title'].get('distinct_glyphs') == r['title'].get('chars'))} of {len(notebooks)} |",
+        f"| names in tables unbroken, tables and printed output inside the content column | "
+        f"{sum(1 for r in pages if r.get('layout_ok'))} of {len(pages)} pages |",
         f"| internal links (and #anchors) resolved | {summary['links_checked']} |",
         f"| failures | {len(summary['failures'])} |",
         "",
         *[f"- {f}" for f in summary["failures"]],
         "",
-        *[f"![{name}]({name})\n" for name in summary["screenshots"]],
+        *[f"![{name}]({name})\n" for name in summary["screenshots"] if "/" not in name],
+        "Every notebook page, as a reader first sees it (its heading and the guide's box):",
+        "",
+        *[f"- [{name.split('/')[-1][:-4]}]({name})" for name in summary["screenshots"] if "/" in name],
     ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -257,9 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         shots = {"home.png": (base, None), "config-reference.png": (urljoin(base, "docs/config.html"), None)}
         if notebook:
             shots["notebook-chart.png"] = (urljoin(base, notebook.lstrip("/")), ".md-content img")
+        # Every notebook page as a reader first sees it: its full heading and the guide's box under it.
+        for page in (r["page"] for r in summary["pages"] if r.get("notebook")):
+            shots[f"notebooks/{Path(page).stem}.png"] = (urljoin(base, page.lstrip("/")), None)
+        (args.out / "notebooks").mkdir(exist_ok=True)
         for name, (url, anchor) in shots.items():
             driver.get(url)
-            screenshot(driver, args.out / name, anchor)
+            # The notebook pages smaller (19 of them, in the repository): the heading and the box stay legible.
+            screenshot(driver, args.out / name, anchor, *((0.6, 32) if name.startswith("notebooks/") else ()))
         version = driver.capabilities.get("browserVersion", "?")
     finally:
         driver.quit()

@@ -1,8 +1,9 @@
 """mkdocs hooks: nav entries with a ``*`` are globs over the staged pages; notebook pages' contents links mended.
 
 ``notebooks/[0-9][0-9]*.ipynb`` in mkdocs.yml's nav becomes every notebook, in order, so a new notebook (or 12 split
-into 12a and 12b) is on the site without an edit to mkdocs.yml. Pages listed by name in the same section are not
-listed twice. Imports nothing from mkdocs: tests/repo/test_docs_site.py calls :func:`expand` without it.
+into 12a and 12b) is on the site without an edit to mkdocs.yml; each under a short label (:func:`short_label`).
+Pages listed by name in the same section are not listed twice. Imports nothing from mkdocs:
+tests/repo/test_docs_site.py calls :func:`expand` without it.
 """
 from __future__ import annotations
 
@@ -21,13 +22,20 @@ def expand(nav: list, docs_dir: Path) -> list:
     for entry in nav:
         if isinstance(entry, str) and "*" in entry:
             matches = sorted(p.relative_to(docs_dir).as_posix() for p in docs_dir.glob(entry) if p.is_file())
-            out += [m for m in matches if m not in listed]
+            out += [{short_label(m): m} if m.endswith(".ipynb") else m for m in matches if m not in listed]
         elif isinstance(entry, dict):
             out.append({title: expand(value, docs_dir) if isinstance(value, list) else value
                         for title, value in entry.items()})
         else:
             out.append(entry)
     return out
+
+
+def short_label(path: str) -> str:
+    """A notebook's label in the nav, from its file name: ``03_hardware_and_network.ipynb`` -> ``03 · Hardware and
+    network``. The page itself shows the guide's full heading; the nav keeps to one short line per notebook."""
+    number, _, words = Path(path).stem.partition("_")
+    return f"{number} · {words.replace('_', ' ').capitalize()}" if words else number
 
 
 def on_config(config):

@@ -43,7 +43,18 @@ def test_nav_globs_pick_up_a_new_notebook_without_listing_it_twice(tmp_path):
         (tmp_path / "notebooks" / name).write_text("x")
     nav = [{"Notebooks": ["notebooks/README.md", "notebooks/12a_b.ipynb", "notebooks/[0-9][0-9]*.ipynb"]}]
     assert hooks.expand(nav, tmp_path) == [{"Notebooks": ["notebooks/README.md", "notebooks/12a_b.ipynb",
-                                                          "notebooks/01_a.ipynb", "notebooks/12b_c.ipynb"]}]
+                                                          {"01 · A": "notebooks/01_a.ipynb"},
+                                                          {"12b · C": "notebooks/12b_c.ipynb"}]}]
+
+
+def test_notebooks_have_short_labels_in_the_nav():
+    assert hooks.short_label("notebooks/03_hardware_and_network.ipynb") == "03 · Hardware and network"
+    assert hooks.short_label("notebooks/12b_framework_best_practices_mistakes.ipynb") == \
+        "12b · Framework best practices mistakes"
+    labels = [next(iter(e)) for section in hooks.expand(CONFIG["nav"], ROOT) if isinstance(section, dict)
+              for value in section.values() if isinstance(value, list) for e in value
+              if isinstance(e, dict) and str(next(iter(e.values()))).endswith(".ipynb")]
+    assert len(labels) >= 18 and all(len(label) <= 45 for label in labels), labels
 
 
 def test_the_plugins_render_notebooks_from_executed_copies_and_the_api_from_docstrings():
