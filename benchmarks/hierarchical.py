@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from hvdlab.bench import hierarchical, link_probe, suite
-from hvdlab.bench.link_report import rate_bits
+from hvdlab.bench.link_report import bad_rates, rate_bits
 
 ROOT = Path(__file__).resolve().parents[1]
 RATES = ["100mbit", "1gbit", "none"]
@@ -77,26 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    bad = []
-    for r in rates:
-        try:
-            rate_bits(r)
-        except ValueError:
-            bad.append(r)
-    bad += [f"--{k} {v}" for k, v in (("megabytes", args.megabytes), ("rounds", args.rounds),
-                                        ("repeats", args.repeats)) if not v > 0]
+    sizes = (("megabytes", args.megabytes), ("rounds", args.rounds), ("repeats", args.repeats))
+    bad = bad_rates(rates) + [f"--{k} {v}" for k, v in sizes if not v > 0]
     if bad or not rates:
         p.error(f"not allowed: {', '.join(bad) or 'no rate'}; rates: <number>kbit|mbit|gbit or none; --megabytes, "
                 "--rounds, --repeats: numbers > 0")
 
-    from hvdlab.testhosts import TestHosts, unavailable
+    from hvdlab.testhosts import TestHosts, unavailable, venv_env
 
     why = unavailable()
     if why:
         print(f"hierarchical.py: {why}", file=sys.stderr)
         return 2
-    start, load = time.perf_counter(), os.getloadavg()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    start, load, env = time.perf_counter(), os.getloadavg(), venv_env()
     kwargs = {"hosts": HOSTS, "megabytes": args.megabytes, "rounds": args.rounds, "repeats": args.repeats}
     rows = []
     with TestHosts(2, prefix=f"hvdhier{os.getpid()}", subnet=SUBNET, split_cpus=True) as cluster:

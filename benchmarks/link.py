@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compression import configs  # noqa: E402 - the same models and codecs as the loopback suite
 
 from hvdlab.bench import link_ddp, link_encode, link_fair, link_probe, suite  # noqa: E402
-from hvdlab.bench.link_report import (accuracy_summary, aggregate, ddp_row, rate_bits, scaling_row,  # noqa: E402
+from hvdlab.bench.link_report import (accuracy_summary, aggregate, bad_rates, ddp_row, rate_bits, scaling_row,  # noqa: E402
                                       summarise, table, versus_ddp)
 from hvdsync.core.train.seeding import threads_per_worker  # noqa: E402
 
@@ -249,12 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [c.strip() for c in args.codecs.split(",") if c.strip()]
     if "none" not in runs:
         runs.insert(0, "none")
-    bad = [f for f in frameworks if f not in ("torch", "tensorflow")]
-    for r in rates:
-        try:
-            rate_bits(r)
-        except ValueError:
-            bad.append(r)
+    bad = [f for f in frameworks if f not in ("torch", "tensorflow")] + bad_rates(rates)
     if not args.spread > 0:
         bad.append(f"--spread {args.spread}")
     if args.repeats < 1:
@@ -263,15 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"not allowed: {', '.join(bad)}; frameworks: torch, tensorflow; rates: <number>kbit|mbit|gbit or none; "
                 "--spread: a number > 0; --repeats: an integer >= 1")
 
-    from hvdlab.testhosts import TestHosts, unavailable
+    from hvdlab.testhosts import TestHosts, unavailable, venv_env
 
     why = unavailable()
     if why:
         print(f"link.py: {why}", file=sys.stderr)
         return 2
     start, load = time.perf_counter(), os.getloadavg()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = venv_env(TF_CPP_MIN_LOG_LEVEL="2")
     out = {"quick": args.quick, "rates": rates, "repeats": args.repeats, "runs": [], "rows": [], "versus_ddp": [],
            "accuracy": [], "scaling": [], "link_MBps": {}, "allreduce_bus_fraction": {}, "allreduce_bus": {},
            "placement": {}, "order": [], "load_average": {"start": load},

@@ -48,6 +48,12 @@ SSHD = "/usr/sbin/sshd"
 TOOLS = ("ip", "tc", "unshare", "nsenter", "ssh", "ssh-keygen")
 
 
+def venv_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a command run on a test host, with this interpreter's folder first on PATH
+    (a host's login PATH does not know the venv) and ``extra`` on top."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **extra}
+
+
 def unavailable() -> str | None:
     """Why test hosts cannot be made here, in one line; None when they can."""
     if not sys.platform.startswith("linux"):

@@ -19,6 +19,17 @@ def rate_bits(rate: str) -> float | None:
         raise ValueError(f"rate: {rate!r} is not allowed; expected <number>kbit|mbit|gbit or none") from None
 
 
+def bad_rates(rates: list[str]) -> list[str]:
+    """The rates of ``rates`` that :func:`rate_bits` does not read (for a runner's one-line refusal)."""
+    bad = []
+    for r in rates:
+        try:
+            rate_bits(r)
+        except ValueError:
+            bad.append(r)
+    return bad
+
+
 def label(cfg: dict) -> str:
     """A run's column name: its codec, or its sync mode and period (``local_sgd:4``)."""
     sync = cfg["sync"]
