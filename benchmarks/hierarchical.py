@@ -55,10 +55,10 @@ def summarise(by_rank: list[dict], rate: str, bps: float) -> dict:
     """One rate's row: per way, the median of the repeats' slowest rank and [min, max], and the leaders' link bytes
     per all-reduce in buffers."""
     row = {"rate": rate, "link_MBps": round(bps / 1e6, 2), "buffer_bytes": by_rank[0]["buffer_bytes"]}
+    leaders = [r for r in by_rank if r["leader"]]
+    per = by_rank[0]["buffer_bytes"] * by_rank[0]["rounds"]
     for way in ("flat", "hierarchical"):
         slowest = [max(r[way]["seconds"][i] for r in by_rank) for i in range(len(by_rank[0][way]["seconds"]))]
-        leaders = [r for r in by_rank if r["leader"]]
-        per = by_rank[0]["buffer_bytes"] * by_rank[0]["rounds"]
         row[way] = {"seconds": statistics.median(slowest), "spread": [min(slowest), max(slowest)],
                     "repeats": len(slowest),
                     "link_buffers": max(max(r[way]["tx_bytes"], r[way]["rx_bytes"]) / per for r in leaders)}

@@ -48,6 +48,17 @@ SSHD = "/usr/sbin/sshd"
 TOOLS = ("ip", "tc", "unshare", "nsenter", "ssh", "ssh-keygen")
 
 
+def own_link_bytes(interface: str = INTERFACE) -> dict[str, int]:
+    """``{"tx_bytes", "rx_bytes"}`` this host has sent and received on ``interface`` so far, read by a process running
+    on it (``ip netns exec`` mounts the namespace's own sysfs: these are the test host's counters); zeros where the
+    interface is absent."""
+    stats = Path("/sys/class/net") / interface / "statistics"
+    try:
+        return {k: int((stats / k).read_text()) for k in ("tx_bytes", "rx_bytes")}
+    except OSError:
+        return {"tx_bytes": 0, "rx_bytes": 0}
+
+
 def venv_env(**extra: str) -> dict[str, str]:
     """This process's environment for a command run on a test host, with this interpreter's folder first on PATH
     (a host's login PATH does not know the venv) and ``extra`` on top."""

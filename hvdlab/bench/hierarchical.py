@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 
+from hvdlab.testhosts import own_link_bytes
+
 
 def host_sets(hosts: list[str]) -> tuple[list[list[int]], list[int]]:
     """From each rank's host (by rank), the ranks of each host and the hosts' leaders (each host's lowest rank)."""
@@ -36,11 +38,6 @@ def flat_link_buffers(ranks: int) -> float:
 def hierarchical_link_buffers(hosts: int) -> float:
     """Buffers each host's link carries each way in one hierarchical all-reduce: only the leaders' ring crosses."""
     return 2 * (hosts - 1) / hosts if hosts > 1 else 0.0
-
-
-def _counters(interface: str) -> dict[str, int]:
-    stats = f"/sys/class/net/{interface}/statistics"
-    return {k: int(open(f"{stats}/{k}").read()) for k in ("tx_bytes", "rx_bytes")}
 
 
 def traffic(hosts: list[str], megabytes: float = 8, rounds: int = 4, repeats: int = 1,
@@ -82,11 +79,11 @@ def traffic(hosts: list[str], megabytes: float = 8, rounds: int = 4, repeats: in
     for r in range(repeats):
         for way, fn in ways.items():
             hvd.barrier()
-            before, start = _counters(interface), time.perf_counter()
+            before, start = own_link_bytes(interface), time.perf_counter()
             for i in range(rounds):
                 results[way] = fn(x, f"{way}.{r}.{i}")
             hvd.barrier()
-            seconds, after = (time.perf_counter() - start) / rounds, _counters(interface)
+            seconds, after = (time.perf_counter() - start) / rounds, own_link_bytes(interface)
             out[way]["seconds"].append(seconds)
             for k in before:
                 out[way][k] += after[k] - before[k]

@@ -27,18 +27,15 @@ import time
 
 import numpy as np
 
+from hvdlab.testhosts import own_link_bytes
+
 HOOKS = ("ddp", "ddp-fp16", "ddp-powersgd:2", "ddp-powersgd:4")
 START_POWERSGD_ITER = 2  # the least DDP allows with error feedback
 PRIMING = START_POWERSGD_ITER  # untimed passes without an optimizer step: the hook then compresses from step one
 
 
 def _sent(interface: str) -> int:
-    # `ip netns exec` mounts the namespace's own sysfs: these are this test host's counters.
-    try:
-        with open(f"/sys/class/net/{interface}/statistics/tx_bytes") as f:
-            return int(f.read())
-    except OSError:
-        return 0
+    return own_link_bytes(interface)["tx_bytes"]
 
 
 def _hook(model, name: str):

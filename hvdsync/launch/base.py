@@ -25,23 +25,26 @@ class WorkerError(RuntimeError):
     """A Horovod worker failed; the message carries the tail of the workers' log."""
 
 
-def horovod_frameworks() -> list[str]:
-    """Frameworks the installed Horovod was built for (by its compiled extensions; imports no framework)."""
+def _horovod_root() -> Path | None:
+    """The installed horovod package's folder (found without importing it), or None."""
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:
-        return []
-    root = Path(list(spec.submodule_search_locations)[0])
-    return [name for name, pattern in _EXTENSIONS.items() if any(root.glob(pattern))]
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def horovod_frameworks() -> list[str]:
+    """Frameworks the installed Horovod was built for (by its compiled extensions; imports no framework)."""
+    root = _horovod_root()
+    return [name for name, pattern in _EXTENSIONS.items() if any(root.glob(pattern))] if root else []
 
 
 @functools.cache
 def _linked(symbol: bytes) -> bool:
     """Whether any of Horovod's compiled extensions names ``symbol``: read from the binaries, no framework import."""
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    root = Path(list(spec.submodule_search_locations)[0])
-    return any(symbol in lib.read_bytes() for pattern in _EXTENSIONS.values() for lib in root.glob(pattern))
+    root = _horovod_root()
+    return root is not None and any(symbol in lib.read_bytes() for pattern in _EXTENSIONS.values()
+                                    for lib in root.glob(pattern))
 
 
 def mpi_built() -> bool:
@@ -123,6 +126,9 @@ def lost_hosts(lost: list[dict] | None) -> Iterator[None]:
 
 
 def raise_clear(run_dir: Path, driver_log: list[str], elastic, exc: Exception | None) -> None:
+    """Raise what ended an elastic job as one clear :class:`WorkerError`: the first worker's traceback (the workers
+    write it to ``run_dir/errors`` and exit 0), or too few workers for ``elastic.timeout_s`` (from the driver's
+    log). Returns where neither applies."""
     errors = sorted((run_dir / "errors").glob("*.txt"))
     if errors:
         first = errors[0]

@@ -58,20 +58,18 @@ def ring_traffic(megabytes=8, rounds=4, interface="hv0"):
     import horovod.torch as hvd
     import torch
 
+    from hvdlab.testhosts import own_link_bytes
+
     hvd.init()
     x = torch.ones(megabytes * 1_000_000 // 4)
 
-    def counters():
-        stats = f"/sys/class/net/{interface}/statistics"
-        return {k: int(open(f"{stats}/{k}").read()) for k in ("tx_bytes", "rx_bytes")}
-
     hvd.allreduce(x, name="warm-up")
     hvd.barrier()
-    before = counters()
+    before = own_link_bytes(interface)
     for i in range(rounds):
         out = hvd.allreduce(x, name=f"round{i}", op=hvd.Sum)
     hvd.barrier()
-    after = counters()
+    after = own_link_bytes(interface)
     return {"host": os.environ.get("HOROVOD_HOSTNAME"), "rank": hvd.rank(), "local_rank": hvd.local_rank(),
             "size": hvd.size(), "sum_ok": bool((out == hvd.size()).all()), "buffer_bytes": x.numel() * 4,
             "rounds": rounds, **{k: after[k] - before[k] for k in before}}
