@@ -93,57 +93,33 @@ def _train(ns: argparse.Namespace) -> int:
     from hvdsync import launch
 
     cfg = _config(ns)  # every config error surfaces here, before any worker starts
-    from hvdsync.launch import slurm
-
-    if slurm.in_step() and not (ns.hosts or ns.hostfile or ns.ray):
-        return _train_in_step(ns, cfg)
-    where = _where(ns)
-    os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))  # for the run's record
-    if ns.ray:
-        from hvdsync.launch import ray as ray_launch
-
-        # Elastic too (cfg.elastic.enabled): Ray's live nodes are the discovery; one line if Ray is not installed.
-        result = ray_launch.train(cfg, address=ns.ray, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
-    elif cfg.elastic.enabled:
-        from hvdsync.launch import elastic as elastic_launch
-
-        # With --hosts/--hostfile the discovery script starts from those hosts and their slots; its `hosts` file in
-        # --log-dir stays editable while the job runs (hvdsync.launch.elastic).
-        result = elastic_launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
-    else:
-        result = launch.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir, **where)
-    for message in getattr(result, "warnings", []):  # monitor alarms, a store that did not answer: once each
-        print(f"hvdsync: warning: {message}", file=sys.stderr)
-    print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
-    return 0
-
-
-def _train_in_step(ns: argparse.Namespace, cfg: Config) -> int:
-    """This process is one task of an ``srun`` step: train as its rank, no launcher (hvdsync/launch/slurm.py)."""
-    from hvdsync.launch import slurm
-
-    if cfg.elastic.enabled:
-        raise ConfigError("--elastic is not allowed under srun: elastic jobs need Horovod's launcher (Gloo); run "
-                          "one `hvdsync train --elastic --hosts slurm` in the batch script instead")
-    given = [o.split("=", 1)[1] for o in ns.overrides if o.split("=", 1)[0].strip() == "train.np"]
-    np_given = cfg.train.np if ns.np is not None or given else None
+    # One question to the launch package: Ray, elastic, this machine or --hosts, or a task of an srun step.
+    job = launch.choose(cfg, ray=ns.ray, np_given=_np_given(ns, cfg), **_where(ns))
+    if job.starts_workers:  # the workers record the command that started them (a step's task records its own)
+        os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))
     try:
-        result = slurm.train_in_step(cfg, np_given)
+        result = job.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
     except ConfigError:
-        if os.environ.get("SLURM_PROCID", "0") != "0":
-            return 2  # every task checks; task 0 alone says why, so the job's log has the line once
+        if not job.speaks:
+            return 2  # every task of an srun step checks; task 0 alone says why, so the job's log has the line once
         raise
-    if result.rank == 0:
-        for message in getattr(result, "warnings", []):
+    if getattr(result, "rank", 0) == 0:  # a launcher returns rank 0's result; an srun step's task its own
+        for message in getattr(result, "warnings", []):  # monitor alarms, a store that did not answer: once each
             print(f"hvdsync: warning: {message}", file=sys.stderr)
         print(json.dumps(result.to_dict(), indent=2) if ns.json else result.summary())
     return 0
 
 
+def _np_given(ns: argparse.Namespace, cfg: Config) -> int | None:
+    """The worker count the command line gave (``--np`` or ``--set train.np=``), else None (the config's default)."""
+    given = [o.split("=", 1)[1] for o in ns.overrides if o.split("=", 1)[0].strip() == "train.np"]
+    return cfg.train.np if ns.np is not None or given else None
+
+
 def _doctor() -> int:
     from importlib import metadata
 
-    from hvdsync.launch.local import horovod_frameworks
+    from hvdsync.launch.base import horovod_frameworks
     from hvdsync.launch.mpi import controllers
 
     for name in ("hvdsync", "horovod", "torch", "tensorflow-cpu", "tensorflow", "keras", "mlflow", "numpy"):
@@ -181,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hvdsync: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a worker failure: say what happened, without a launcher traceback
-        from hvdsync.launch.local import WorkerError
+        from hvdsync.launch.base import WorkerError
 
         if isinstance(exc, WorkerError):
             print(f"hvdsync: {exc}", file=sys.stderr)
