@@ -8,7 +8,15 @@ asserts on them.
 import numpy as np
 
 
-def _train(sync_fields, x, y, steps, lr, named=True, accumulate=1):
+def _mlp():
+    import torch.nn as nn
+
+    # 192 -> 1,400 -> 10: the first weight (1.07 MB) is over the 1 MiB first bucket, so the grouped path cuts two
+    # buckets: the output layer's gradients and the hidden bias, then that weight alone.
+    return nn.Sequential(nn.Flatten(), nn.Linear(192, 1400), nn.ReLU(), nn.Linear(1400, 10))
+
+
+def _train(sync_fields, x, y, steps, lr, named=True, accumulate=1, mlp=False):
     import horovod.torch as hvd
     import torch
     import torch.nn.functional as F
@@ -18,7 +26,7 @@ def _train(sync_fields, x, y, steps, lr, named=True, accumulate=1):
     from hvdsync.torch import CNN, broadcast_state, distributed_optimizer
 
     torch.manual_seed(0)
-    model = CNN(3, 10, width=8, channels_last=True)
+    model = _mlp() if mlp else CNN(3, 10, width=8, channels_last=True)
     counter = WireCounter()
     opt = distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr), model if named else None,
                                 SyncConfig(**sync_fields), counter=counter)
@@ -35,6 +43,7 @@ def _train(sync_fields, x, y, steps, lr, named=True, accumulate=1):
         opt.step()
     # hvd.DistributedOptimizer's class takes the local optimizer's name; its pending handles tell it apart.
     return {"kind": "hooks" if hasattr(opt, "_handles") else type(opt).__name__,
+            "buckets": [len(b) for b in getattr(opt, "buckets", [])],
             "params": [p.detach().numpy().copy() for p in model.parameters()], "start": start,
             "wire": counter.snapshot(), "numel": sum(p.numel() for p in model.parameters())}
 
@@ -78,6 +87,12 @@ def run_checks(steps=4, batch=16, lr=0.1):
         "grouped_acc": _train({"accumulate": 2}, x, y, steps, lr, accumulate=2),
         "hooks_acc": _train({**hooks, "accumulate": 2}, x, y, steps, lr, accumulate=2),
         "grouped_unnamed": _train({}, x, y, steps, lr, named=False),
+        "buckets": _train({}, x, y, steps, lr, mlp=True),
+        "hooks_mlp": _train(hooks, x, y, steps, lr, mlp=True),
+        "buckets_acc": _train({"accumulate": 2}, x, y, steps, lr, accumulate=2, mlp=True),
+        "hooks_mlp_acc": _train({**hooks, "accumulate": 2}, x, y, steps, lr, accumulate=2, mlp=True),
+        "buckets_fp16": _train({"compression": "fp16"}, x, y, steps, lr, mlp=True),
+        "hooks_mlp_fp16": _train({**hooks, "compression": "fp16"}, x, y, steps, lr, mlp=True),
         # 1 kB threshold: the CNN's ~12 kB of gradients are over it, so the hooks are chosen.
         "over_threshold": _train({"grouped_mb": 0.001}, x, y, steps, lr),
         "fit_grouped": _fit(25.0, x, y, steps, lr),

@@ -28,26 +28,36 @@ def test_the_rule_picks_grouped_for_a_small_model_and_hooks_above_the_threshold(
     assert r["hooks"]["kind"] == r["over_threshold"]["kind"] == "hooks"
 
 
+def test_a_gradient_over_the_first_bucket_starts_a_bucket_of_its_own(runs):
+    # backward order: output bias, output weight, hidden bias (13.6 kB together), then the 1.07 MB hidden weight
+    assert runs[0]["buckets"]["buckets"] == runs[0]["buckets_acc"]["buckets"] == [3, 1]
+    assert runs[0]["grouped"]["buckets"] == [len(runs[0]["grouped"]["start"])]   # the CNN: one bucket
+
+
 @pytest.mark.parametrize("name", ["grouped", "grouped_fp16", "grouped_sum", "grouped_acc", "grouped_unnamed",
-                                  "fit_grouped"])
+                                  "fit_grouped", "buckets", "buckets_acc", "buckets_fp16"])
 def test_parameters_stay_equal_across_ranks(runs, name):
     assert _max_diff(runs[0][name]["params"], runs[1][name]["params"]) == 0.0
 
 
 @pytest.mark.parametrize("grouped, hooks", [("grouped", "hooks"), ("grouped_fp16", "hooks_fp16"),
                                             ("grouped_acc", "hooks_acc"), ("grouped_unnamed", "hooks"),
-                                            ("grouped_sum", "hooks"), ("fit_grouped", "fit_hooks")])
+                                            ("grouped_sum", "hooks"), ("fit_grouped", "fit_hooks"),
+                                            ("buckets", "hooks_mlp"), ("buckets_acc", "hooks_mlp_acc"),
+                                            ("buckets_fp16", "hooks_mlp_fp16")])
 def test_grouped_ends_where_the_hooks_end(runs, grouped, hooks):
     # Two ranks: each element is the same sum of two addends whichever path reduces it, so the parameters agree
     # bit for bit (op sum at half the learning rate is the average at the full one, up to rounding).
     r = runs[0]
-    assert _max_diff(r[hooks]["params"], r["grouped"]["start"]) > 1e-3   # it trained
+    start = r["buckets" if grouped.startswith("buckets") else "grouped"]["start"]
+    assert _max_diff(r[hooks]["params"], start) > 1e-3   # it trained
     assert _max_diff(r[grouped]["params"], r[hooks]["params"]) <= (1e-6 if grouped == "grouped_sum" else 0.0)
 
 
 def test_the_wire_counts_the_same_tensors_and_bytes(runs):
     r = runs[0]
-    for grouped, hooks in (("grouped", "hooks"), ("grouped_fp16", "hooks_fp16"), ("grouped_acc", "hooks_acc")):
+    for grouped, hooks in (("grouped", "hooks"), ("grouped_fp16", "hooks_fp16"), ("grouped_acc", "hooks_acc"),
+                           ("buckets", "hooks_mlp"), ("buckets_acc", "hooks_mlp_acc")):
         counted = ("tensors", "bytes", "dtypes")   # not codec_seconds: a timing
         assert {k: r[grouped]["wire"][k] for k in counted} == {k: r[hooks]["wire"][k] for k in counted}
     assert r["grouped"]["wire"]["bytes"] == 4 * r["grouped"]["numel"] * 4       # 4 steps of float32
