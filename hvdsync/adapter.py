@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # The module files of every adapter (paths under hvdsync/<framework>/).
 MODULES = ("__init__.py", "compression.py", "data.py", "elastic.py", "evaluate.py", "layers.py", "models.py",
            "optimizer.py", "precision.py", "runtime.py", "schemes/__init__.py", "schemes/base.py",
-           "schemes/gossip.py", "schemes/local_sgd.py", "sparse.py", "train.py")
+           "schemes/gossip.py", "schemes/local_sgd.py", "schemes/ps.py", "sparse.py", "train.py")
 
 
 class Adapter(Protocol):

@@ -38,7 +38,7 @@ class Config:
                 f"{self.data.batch_size}; expected at most data.batch_size micro-batches per step"
             )
         problem = MODES[self.sync.mode].problem(dataclasses.asdict(self.sync), self.train.framework, self.train.np,
-                                                self.train.precision)
+                                                self.train.precision, self.elastic.enabled)
         if problem:
             raise ConfigError(problem)
 

@@ -21,7 +21,6 @@ MODULES_ONLY_IN = {
         "grouped.py": "the choice between Horovod's per-tensor backward hooks (their all-reduces overlap backward) and "
                       "one grouped call after backward (sync.grouped_mb) is PyTorch's; TensorFlow's optimizer always "
                       "reduces in one grouped call",
-        "schemes/ps.py": "sync.mode ps is implemented for PyTorch only (hvdsync.core.comm.schemes.MODES)",
     },
     "tensorflow": {
         "callbacks.py": "Keras callbacks for model.fit (broadcast, metric average, warm-up, MLflow, elastic commits); "

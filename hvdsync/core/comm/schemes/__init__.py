@@ -31,6 +31,8 @@ class Mode:
         servers: whether it accepts ``sync.ps_servers``.
         warmup: whether it accepts ``sync.warmup_steps`` (synchronous steps first: post-local SGD).
         lockstep: whether every rank holds the same parameters after every step (the monitor's divergence check).
+        elastic: the frameworks whose elastic state carries this mode's optimizer state (``None``: all of
+            ``frameworks``).
     """
 
     name: str
@@ -42,9 +44,12 @@ class Mode:
     servers: bool = False
     warmup: bool = False
     lockstep: bool = True
+    elastic: tuple[str, ...] | None = None
 
-    def problem(self, sync: Mapping[str, Any], framework: str, world_size: int, precision: str = "fp32") -> str | None:
-        """The first reason these settings cannot run in this mode, as a field-named message, or None."""
+    def problem(self, sync: Mapping[str, Any], framework: str, world_size: int, precision: str = "fp32",
+                elastic: bool = False) -> str | None:
+        """The first reason these settings cannot run in this mode, as a field-named message, or None
+        (``elastic``: ``elastic.enabled``)."""
         if self.name != "allreduce" and precision != "fp32":
             # The loss scaler unscales the gradients in .grad after synchronize(); a parameter server has already
             # pushed the scaled ones by then, so the update would be off by the loss scale.
@@ -53,6 +58,10 @@ class Mode:
         if framework not in self.frameworks:
             return (f"sync.mode: {self.name!r} is not allowed with train.framework {framework!r}; "
                     f"it is implemented for: {', '.join(self.frameworks)}")
+        if elastic and self.elastic is not None and framework not in self.elastic:
+            return (f"sync.mode: {self.name!r} is not allowed with elastic training in train.framework "
+                    f"{framework!r}; its sharded optimizer state is carried across resets for: "
+                    f"{', '.join(self.elastic)} (or set elastic.enabled false)")
         if sync["op"] not in self.ops:
             return f"sync.op: {sync['op']!r} is not allowed with sync.mode {self.name!r}; choose one of: " + ", ".join(self.ops)
         if self.codecs is not None and sync["compression"] not in self.codecs:
@@ -78,8 +87,8 @@ MODES: dict[str, Mode] = {
     "allreduce": Mode("allreduce", "ring all-reduce of the gradients, Horovod's DistributedOptimizer",
                       ("torch", "tensorflow"), ("average", "sum", "adasum"), None),
     "ps": Mode("ps", "parameter server built from Horovod collectives: gradients pushed to the shard owners, "
-                     "updated there, parameters pulled back", ("torch",), ("average", "sum"), ("none", "fp16"),
-               servers=True),
+                     "updated there, parameters pulled back", ("torch", "tensorflow"), ("average", "sum"),
+               ("none", "fp16"), servers=True, elastic=("torch",)),
     "gossip": Mode("gossip", "decentralised averaging: each rank mixes its parameters with its ring neighbours "
                              "(a parameter exchange, not a gradient codec)", ("torch", "tensorflow"), ("average",),
                    ("none",), periodic=True, lockstep=False),
