@@ -282,18 +282,20 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 3 · What hvdsync does by default: one grouped all-reduce after backward, for models up to `sync.grouped_mb`
+# ## 3 · What hvdsync does by default: grouped all-reduces in DDP's buckets, for models up to `sync.grouped_mb`
 #
 # Sections 1 and 2 measured Horovod's hooks. They are **not** what hvdsync's PyTorch training uses for small
 # models. `hvdsync.torch.distributed_optimizer` (which `fit` and `build` call) adds up the bytes of the gradients
 # that train (`hvdsync.torch.grouped.groups_after_backward`):
 #
 # * **at most `sync.grouped_mb` MiB (default 25, the size of DDP's later buckets, `bucket_cap_mb`; DDP's first
-#   bucket is only 1 MiB, so that its first all-reduce starts early in backward)**: a `GroupedOptimizer`, which waits
-#   for the whole backward (all `sync.accumulate` passes) and hands every gradient to Horovod in ONE
-#   `hvd.grouped_allreduce`: nothing overlaps backward, and a step pays Horovod's fixed cost per round (a cycle's
-#   wait, the negotiation) once instead of once per group of hooks. A small model's backward is over before a
-#   hook's all-reduce could hide behind it, which is why this is the default;
+#   bucket is only 1 MiB, so that its first all-reduce starts early in backward)**: a `GroupedOptimizer`, which cuts
+#   the gradients once into DDP's buckets (in backward order, the first up to 1 MiB, the others up to
+#   `sync.grouped_mb`; a tensor larger than that is a bucket of its own) and hands each bucket to Horovod in ONE
+#   `hvd.grouped_allreduce` when the last backward pass (of `sync.accumulate`) has produced all its gradients. A step
+#   pays Horovod's fixed cost per round (a cycle's wait, the negotiation) once per bucket, two or three times,
+#   instead of once per group of hooks; a small model is one bucket, reduced after backward, whose backward is over
+#   before a hook's all-reduce could hide behind it, which is why this is the default;
 # * **above it, or with `sync.grouped_mb: 0`**: Horovod's `DistributedOptimizer` with its per-parameter hooks,
 #   whose all-reduces overlap the rest of backward as in section 1. `sync.op: adasum` and
 #   `sync.sparse: allgather` always keep the hooks;
@@ -310,13 +312,15 @@ tl64 = jobs[64][1]
 for row in extras["hvdsync"]:
     spans = tl64.select(op="ALLREDUCE", between=row["segment"])
     row["hidden"] = hidden_share(spans, row["backward"])
-    kind = "one grouped call after backward" if row["grouped"] else "Horovod's hooks"
+    kind = "DDP's buckets" if row["grouped"] else "Horovod's hooks"
     print(f"{row['label']:24}: {row['gradient_mib']:.1f} MiB of gradients -> {kind:31} hidden {row['hidden']:6.1%}, "
           f"step (median) {np.median(row['step_seconds']) * 1e3:.1f} ms")
 default, hooks = extras["hvdsync"]
 assert default["gradient_mib"] <= 25 and default["grouped"], "a model under 25 MiB is grouped by default"
 assert not hooks["grouped"], "above sync.grouped_mb hvdsync keeps Horovod's hooks"
-assert default["hidden"] < 0.05, "the grouped call starts after backward: nothing hides"
+# big_last's first bucket is the output layer's 4 kB bias (its 4 MiB weight is over 1 MiB: the next bucket), and the
+# second bucket, the rest, is complete only when backward ends: next to nothing can hide.
+assert default["hidden"] < 0.05, "the big bucket starts when backward ends: next to nothing hides"
 # The comparison with DDP above, read from the installed torch: its first bucket 1 MiB, the later ones 25 MiB.
 import torch.distributed
 import torch.nn.parallel.distributed as ddp

@@ -35,9 +35,10 @@ class SyncConfig:
         fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
         cycle_time_ms: Horovod background-loop cycle time (HOROVOD_CYCLE_TIME), in milliseconds.
         cache_capacity: Horovod response-cache entries (HOROVOD_CACHE_CAPACITY); 0 turns the cache off.
-        grouped_mb: PyTorch: a model whose gradients total at most this many MiB is all-reduced in ONE grouped
-            Horovod call after the backward pass (:mod:`hvdsync.torch.grouped`) instead of one hook per tensor during
-            it; larger models keep the hooks, whose all-reduces overlap the rest of backward. 25 like DDP's bucket
+        grouped_mb: PyTorch: a model whose gradients total at most this many MiB is all-reduced in a few grouped
+            Horovod calls, DDP's buckets (:mod:`hvdsync.torch.grouped`: the first up to 1 MiB, the others up to
+            this size, each started when backward has produced its gradients) instead of one hook per tensor;
+            larger models keep the hooks, whose all-reduces overlap the rest of backward. 25 like DDP's bucket
             (``bucket_cap_mb``); 0 = always the hooks. TensorFlow always reduces in one grouped call.
         mode: how ranks combine their work (:data:`hvdsync.core.comm.schemes.MODES`): ``allreduce`` (default; ring
             all-reduce of gradients), ``ps`` (parameter server from Horovod collectives), ``gossip`` (each rank
