@@ -7,8 +7,9 @@ from typing import Callable, Sequence
 from hvdsync.config import Config
 from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.data import Dataset
-from hvdsync.core.train.loop import FitResult, fit_loop
+from hvdsync.core.train.loop import FitResult
 from hvdsync.datasets import load
+from hvdsync.fitting import fit_loop
 
 
 def fit_with(init: Callable, build: Callable, cfg=None, data: Dataset | None = None,

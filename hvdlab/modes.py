@@ -30,7 +30,7 @@ def train_modes(cfg_dict: dict, modes: dict[str, dict], init: Callable, build: C
     """
     from hvdsync.config import Config  # here: hvdsync.config imports the core
     from hvdsync.datasets import load
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
 
     base = Config.from_dict(cfg_dict)
     init(base)

@@ -110,8 +110,11 @@ class Adapter(Protocol):
     def run_elastic(self, func: Callable, state: ElasticState) -> Any:
         """Run ``func(state)`` elastically (a lost or added worker resets and resumes from the last commit)."""
 
-    def fit_elastic(self, cfg=None, data: Dataset | None = None, record_reads: bool = False) -> ElasticResult:
-        """hvdsync's built-in model trained elastically."""
+    def fit_elastic(self, cfg=None, data: Dataset | None = None, record_reads: bool = False, *,
+                    callbacks: Sequence = ()) -> ElasticResult:
+        """hvdsync's built-in model trained elastically, with ``callbacks`` in its loop (e.g.
+        :class:`~hvdsync.core.elastic.ledger.SampleLedger`). ``record_reads=True`` is deprecated: it adds a
+        ``SampleLedger``."""
 
 
 # Shown in both adapters' ``distributed_optimizer`` docstrings (:func:`states_the_accumulation_rule`): written once.
@@ -133,7 +136,7 @@ def start_horovod(hvd, cfg) -> WorkerInfo:
     sets wins: :func:`~hvdsync.core.train.runtime.apply_horovod_env`); the knobs that applied are reported on rank 0."""
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
-    prepare_timeline(cfg)
+    prepare_timeline(cfg.tracking.timeline, cfg.tracking.spool_dir)
     knobs = apply_horovod_env(cfg.sync, initialized=hvd.is_initialized())
     hvd.init()
     report_knobs(knobs, hvd.rank())

@@ -100,7 +100,7 @@ def experiments(cfg_dict, delays_ms):
     from hvdlab.torch import reference
     from hvdsync.config import Config
     from hvdsync import datasets
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
     from hvdsync.core.train.sharding import ShardPlan
 
     cfg = Config.from_dict(cfg_dict)

@@ -99,7 +99,7 @@ def accumulation_runs(cfg_dict, ks):
     import hvdsync.torch as ht
     from hvdsync.config import Config
     from hvdsync import datasets
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
 
     base = Config.from_dict(cfg_dict)
     data = datasets.load(base.data, base.train.seed)

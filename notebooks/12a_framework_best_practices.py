@@ -293,7 +293,7 @@ def ddp_beside_horovod(cfg_dict, scripts):
     os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.size), LOCAL_RANK=str(info.local_rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     out["plain_ddp"] = script("ddp_torchrun").main(argv)
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
 
     unshuffled = cfg.replace(data={"shuffle": False}, train={"epochs": 1})
     ht.init(unshuffled)

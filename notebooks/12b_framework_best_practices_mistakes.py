@@ -131,7 +131,7 @@ def experiments(cfg_dict, lr_variants):
     from hvdlab.torch import reference
     from hvdsync import datasets
     from hvdsync.config import Config
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
     from hvdsync.core.train.scaling import scaled_lr
     from hvdsync.core.train.sharding import ShardPlan
 

@@ -53,7 +53,7 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
     from hvdsync import datasets
     from hvdsync.core.comm.codecs import get_codec
     from hvdsync.core.telemetry import monitor
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
     from hvdsync.registry import make_callbacks
 
     out = []
@@ -101,13 +101,17 @@ def _link_counters() -> dict[str, int]:
 
 
 def fit_elastic(cfg_dict: dict, record_reads: bool) -> dict:
-    """Runs in each worker: the adapter's ``fit_elastic``; a Python error becomes a traceback file and exit 0."""
+    """Runs in each worker: the adapter's ``fit_elastic``, with a
+    :class:`~hvdsync.core.elastic.ledger.SampleLedger` when the launcher was asked to ``record_reads``; a Python error
+    becomes a traceback file and exit 0."""
     run_dir, host = Path(os.environ[RUN_DIR_ENV]), os.environ.get("HOROVOD_HOSTNAME", "localhost")
     (run_dir / "pids").mkdir(exist_ok=True)
     (run_dir / "pids" / f"{host}.pid").write_text(str(os.getpid()))
     try:
         cfg = Config.from_dict(cfg_dict)
-        result = adapter(cfg).fit_elastic(cfg, record_reads=record_reads).to_dict()
+        from hvdsync.core.elastic.ledger import SampleLedger
+
+        result = adapter(cfg).fit_elastic(cfg, callbacks=[SampleLedger()] if record_reads else []).to_dict()
         # Horovod's run_task files the result under HOROVOD_RANK, the rank this process *started* with; after a
         # reset the ranks are reassigned, and the launcher reads rank 0's key: file it under the rank it has now.
         os.environ["HOROVOD_RANK"] = str(result["rank"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -157,10 +157,14 @@ def keras_fit(state: ElasticState, model: keras.Model, make_sampler: Callable, l
     return history
 
 
-def fit_elastic(cfg=None, data=None, record_reads: bool = False):
+def fit_elastic(cfg=None, data=None, record_reads: bool = False, *, callbacks: Sequence = ()):
     """hvdsync's built-in Keras model trained elastically: returns this rank's
-    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job."""
+    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job.
+
+    ``callbacks`` join the loop (made once per process, they live on across resets), e.g.
+    ``callbacks=[SampleLedger()]`` (:class:`~hvdsync.core.elastic.ledger.SampleLedger`) for the result's ``reads``
+    and ``timeline``; ``record_reads=True`` is its deprecated spelling (until 0.3.0)."""
     from hvdsync.tensorflow.runtime import init
     from hvdsync.tensorflow.train import build
 
-    return fit_elastic_with(init, build, elastic_state, run_elastic, cfg, data, record_reads)
+    return fit_elastic_with(init, build, elastic_state, run_elastic, cfg, data, record_reads, callbacks)

@@ -17,10 +17,11 @@ import tensorflow as tf
 
 from hvdsync import datasets
 from hvdsync.core.train import runtime
-from hvdsync.core.train.loop import Callback, FitResult, fit_loop
+from hvdsync.core.train.loop import Callback, FitResult
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.scaling import scaled_lr
 from hvdsync.core.train.sharding import PlanState
+from hvdsync.fitting import fit_loop
 from hvdsync.registry import build_model, make_callbacks
 from hvdsync.tensorflow.evaluate import dataset_evaluator
 from hvdsync.tensorflow.models import constant_learning_rate, local_optimizer

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import horovod.torch as hvd
@@ -142,10 +142,14 @@ def run_elastic(func: Callable, state: ElasticState) -> Any:
     return run(func, state, _reset)
 
 
-def fit_elastic(cfg=None, data=None, record_reads: bool = False):
+def fit_elastic(cfg=None, data=None, record_reads: bool = False, *, callbacks: Sequence = ()):
     """hvdsync's built-in model trained elastically (``hvdsync train --elastic``): returns this rank's
-    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job."""
+    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job.
+
+    ``callbacks`` join the loop (made once per process, they live on across resets), e.g.
+    ``callbacks=[SampleLedger()]`` (:class:`~hvdsync.core.elastic.ledger.SampleLedger`) for the result's ``reads``
+    and ``timeline``; ``record_reads=True`` is its deprecated spelling (until 0.3.0)."""
     from hvdsync.torch.runtime import init
     from hvdsync.torch.train import build
 
-    return fit_elastic_with(init, build, elastic_state, run_elastic, cfg, data, record_reads)
+    return fit_elastic_with(init, build, elastic_state, run_elastic, cfg, data, record_reads, callbacks)

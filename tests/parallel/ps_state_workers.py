@@ -71,7 +71,7 @@ def _run(data, opt_name: str, ckpt: Path, k: int, *, seed: int, servers: int = 0
     import torch
 
     from hvdsync.core.train.loader import PlanLoader
-    from hvdsync.core.train.loop import plan_for
+    from hvdsync.fitting import plan_for
     from hvdsync.registry import build_model
     from hvdsync.torch.elastic import elastic_state
     from hvdsync.torch.train import build

@@ -19,7 +19,7 @@ def hvdsync_params(cfg_dict):
     import hvdsync.torch as ht
     from hvdsync import datasets
     from hvdsync.config import Config
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
 
     cfg = Config.from_dict(cfg_dict)
     data = datasets.load(cfg.data, cfg.train.seed)

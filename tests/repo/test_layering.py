@@ -2,7 +2,8 @@
 importing the core loads.
 
     hvdsync.core     imports no framework, no Horovod, and nothing of hvdsync above it (config, registry, launch,
-                     adapters): callers hand it built objects and callables
+                     adapters): callers hand it built objects and callables; nor does it read a config's fields
+                     (``cfg.train.epochs``): the layer above hands it the values (``LoopSettings``, ...)
     hvdsync          never imports the lab package (hvdlab), which imports hvdsync
     no circles       in hvdsync or hvdlab, counting imports inside functions
 """
@@ -55,6 +56,35 @@ def test_the_checks_see_an_upward_import_inside_a_function(tmp_path):
 def _offenders_in(root):
     return [(p.name, m) for p in root.rglob("*.py") for m in _imports(p)
             if any(m == f or m.startswith(f + ".") for f in ABOVE_THE_CORE)]
+
+
+def _config_reads(path: pathlib.Path) -> list[str]:
+    """Every ``cfg.<section>.<field>`` in ``path``'s code (comments and docstrings are not code): an attribute two
+    deep past a name ``cfg`` or an attribute ``.cfg`` (``ctx.cfg``, ``self.cfg``); ``cfg.a.b.c`` counts once."""
+    reads = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            root = node.value.value
+            if (isinstance(root, ast.Name) and root.id == "cfg") or (isinstance(root, ast.Attribute)
+                                                                     and root.attr == "cfg"):
+                reads.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return reads
+
+
+def test_the_core_reads_no_config_field():
+    # The layer above (hvdsync.fitting, the adapters, the worker) builds what the core is handed from the config.
+    reads = [r for p in sorted(CORE.rglob("*.py")) for r in _config_reads(p)]
+    assert len(reads) == 0, f"the core reads config fields: {reads}"
+
+
+def test_the_config_read_count_sees_every_form_and_no_prose(tmp_path):
+    (tmp_path / "m.py").write_text(
+        '"""Trains ``cfg.train.epochs`` epochs."""\n'
+        "def f(cfg, ctx, self):\n"
+        "    # cfg.data.batch_size in a comment is prose\n"
+        "    return cfg.train.epochs, ctx.cfg.sync.op, self.cfg.monitor.every.real, cfg.flat(), ctx.cfg\n")
+    assert _config_reads(tmp_path / "m.py") == ["m.py:4: cfg.train.epochs", "m.py:4: ctx.cfg.sync.op",
+                                                "m.py:4: self.cfg.monitor.every"]
 
 
 def test_importing_every_core_module_loads_no_framework_and_nothing_above_it():

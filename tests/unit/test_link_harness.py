@@ -118,7 +118,7 @@ def test_bus_fraction_is_the_ring_s_bytes_per_link_over_the_link_s_rate():
 
 def test_ddp_reads_hvdsync_s_shuffled_plan():
     from hvdsync.config import Config
-    from hvdsync.core.train.loop import plan_for
+    from hvdsync.fitting import plan_for
 
     cfg = Config.from_dict({"data": {"batch_size": 32}, "train": {"seed": 4}})
     plan = plan_for(cfg, 1536, 2)

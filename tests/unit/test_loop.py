@@ -7,7 +7,9 @@ from hvdsync.config import Config
 from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.core.train.data import digits
 from hvdsync.core.train.loader import PlanCursor, PlanLoader
-from hvdsync.core.train.loop import Callback, array_evaluator, fit_loop, plan_for
+from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.train.loop import Callback, array_evaluator
+from hvdsync.fitting import fit_loop, loop_settings, plan_for
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.sharding import PlanState, ShardPlan
 from hvdsync.core.train.shares import split_counts
@@ -170,7 +172,7 @@ def test_the_elastic_loop_trains_as_the_shared_loop_and_resumes_from_a_commit(da
     expected = fit_loop(_cfg(), plain, data)
     whole = Elastic(64, 10)
     state = ElasticState(_Weights(whole), lambda obj: obj, lambda: 0, lambda: 1, commit_every=5)
-    result = elastic_fit(state, _cfg(), whole, data, record_reads=True)
+    result = elastic_fit(state, loop_settings(_cfg()), whole, data, callbacks=[SampleLedger()])
     assert np.array_equal(whole.w, plain.w)                     # the same steps, bit for bit
     assert [h["train_loss"] for h in result.history] == [h["train_loss"] for h in expected.history]
     assert result.steps == expected.optimizer_steps == 28 and state._commits == 28 // 5 + 2   # + one per epoch
@@ -182,9 +184,47 @@ def test_the_elastic_loop_trains_as_the_shared_loop_and_resumes_from_a_commit(da
     fit_loop(_cfg(), first, data, callbacks=[_StopAt(10)])
     resumed.w = first.w.copy()
     state.position.epoch, state.position.consumed, state.position.step = 0, 10 * 100, 10
-    again = elastic_fit(state, _cfg(), resumed, data)
+    again = elastic_fit(state, loop_settings(_cfg()), resumed, data)
     assert np.array_equal(resumed.w, whole.w) and again.steps == 28
     assert again.history[-1]["world_size"] == 1.0
+
+
+def test_the_ledger_keeps_its_counts_in_the_committed_state_and_the_deprecated_switch_adds_one(data):
+    from hvdsync.elastic import ElasticState
+    from hvdsync.fitting import fit_elastic_with
+
+    class Elastic(NumpyBackend):
+        model = optimizer = None
+
+        def refresh(self):
+            pass
+
+    states = []
+
+    def make_state(model, optimizer, cfg, codec=None):
+        states.append(ElasticState(_Weights(backend), lambda obj: obj, lambda: 0, lambda: 1, commit_every=5))
+        return states[-1]
+
+    backend = Elastic(64, 10)
+    with pytest.warns(DeprecationWarning, match=r"callbacks=\[SampleLedger\(\)\]"):
+        result = fit_elastic_with(lambda cfg: None, lambda cfg, data, broadcast: backend, make_state,
+                                  lambda func, state: func(state), _cfg(), data, record_reads=True)
+    # Every sample once per epoch; the counts are user objects of the state (committed, rolled back with it).
+    assert np.array_equal(np.array(result.reads), np.ones((2, len(data.x_train)), dtype=int))
+    assert np.array_equal(states[0].user["reads"], result.reads)
+    steps = -(-len(data.x_train) // 100)
+    assert [row[1] for row in result.timeline] == list(range(1, 2 * steps + 1))       # the job's step after each
+    assert [sum(row[3:]) for row in result.timeline[:steps]] == [min(100, len(data.x_train) - 100 * i)
+                                                                 for i in range(steps)]
+    # Handed in as a callback, the same ledger fills the result without any switch (and without a warning).
+    ledger, backend = SampleLedger(), Elastic(64, 10)
+    again = fit_elastic_with(lambda cfg: None, lambda cfg, data, broadcast: backend, make_state,
+                             lambda func, state: func(state), _cfg(), data, callbacks=[ledger])
+    assert again.reads == ledger.reads == result.reads and len(again.timeline) == 2 * steps
+    # Outside an elastic run the ledger keeps the counts itself.
+    plain = SampleLedger()
+    fit_loop(_cfg(epochs=1), NumpyBackend(64, 10), data, callbacks=[plain])
+    assert plain.reads == [[1] * len(data.x_train)]
 
 
 class _StopAt(Callback):

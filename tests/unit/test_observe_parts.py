@@ -90,7 +90,8 @@ def test_the_record_keeps_relevant_env_and_drops_secret_names_and_url_passwords(
                     "MLFLOW_TRACKING_URI": "http://bob:***@mlflow.example:5000"}
     monkeypatch.setenv("HVDSYNC_SECRET_KEY", "do-not-record")
     monkeypatch.setenv("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", "train", "--tracking-uri", "https://u:p1@h"]))
-    rec = record.build_record(Config(), "torch", 2)
+    cfg = Config()
+    rec = record.build_record(cfg.to_dict(), "torch", 2, cfg.train.seed, cfg.train.deterministic)
     text = json.dumps(rec) + json.dumps(record.record_params(rec))
     assert "do-not-record" not in text and "p1@" not in text
     assert rec["seeds"]["rank_seeds"][0] != rec["seeds"]["rank_seeds"][1]

@@ -228,7 +228,7 @@ def test_the_slowed_rank_scores_slower_inside_the_loops_evaluation_time():
     import time
 
     from hvdsync.core.train.data import digits
-    from hvdsync.core.train.loop import fit_loop
+    from hvdsync.fitting import fit_loop
     from tests.unit.test_loop import NumpyBackend
 
     cfg = Config.from_dict({"data": {"batch_size": 500}, "train": {"epochs": 1, "np": 1},

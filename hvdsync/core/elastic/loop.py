@@ -7,24 +7,25 @@ committed position, with the elastic parts as one callback (:class:`ElasticCallb
 world size (the loop's plan from ``PlanState(epoch, consumed)``). No sample of the epoch is read twice, none is
 skipped, whatever the sizes before and after.
 
-With ``record_reads`` the ranks all-gather the indices they actually trained on at every step and the state counts
-them per epoch (``state.user["reads"]``) and keeps a timeline of samples read per rank (``state.user["timeline"]``).
-Both are user objects, so a restore rolls them back with the model: they count committed training exactly.
+The callbacks see the state (``TrainContext.state``): what they keep in ``state.user`` is committed with the model
+and rolled back with it. :class:`~hvdsync.core.elastic.ledger.SampleLedger` counts that way which samples each rank
+trained on, and the result carries its counts (``ElasticResult.reads``, ``.timeline``).
 """
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from hvdsync.core.train.data import Dataset
+from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.core.elastic.state import CommittedState
-from hvdsync.core.train.loop import Callback, TrainContext, array_evaluator, fit_loop
+from hvdsync.core.telemetry.tracking import Tracker
+from hvdsync.core.train.data import Dataset
+from hvdsync.core.train.loop import Callback, LoopSettings, TrainContext, array_evaluator, fit_loop
 from hvdsync.core.train.sharding import PlanState
-from hvdsync.core.telemetry.tracking import Tracker, make_tracker
 
 RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
 
@@ -68,18 +69,22 @@ def describe(event: dict) -> str:
 
 
 class _Reporter:
-    """Rank 0 prints each reset and records it in MLflow; the tracker follows rank 0 (which may change)."""
+    """Rank 0 prints each reset and records it in MLflow; the tracker follows rank 0 (which may change).
 
-    def __init__(self, cfg, state: CommittedState, framework: str) -> None:
-        self.cfg, self.state, self.framework, self.tracker = cfg, state, framework, None
+    ``make_tracker(rank)`` makes the run's tracker (the layer above builds it from its config); ``params`` are the
+    run parameters it records."""
+
+    def __init__(self, make_tracker: Callable[[int], Tracker], params, state: CommittedState, framework: str) -> None:
+        self.make_tracker, self.params, self.state, self.framework = make_tracker, dict(params), state, framework
+        self.tracker = None
 
     def tracker_for_rank(self, rank: int, size: int):
         if rank != 0:  # a process that was rank 0 before a reset may not be now: only rank 0 writes
             return Tracker()
         if self.tracker is None:
-            self.tracker = make_tracker(self.cfg.tracking, rank)
+            self.tracker = self.make_tracker(rank)
             # The run id is part of the committed state: a new rank 0 (or a resumed job) keeps writing to the run.
-            self.tracker.start(params={**self.cfg.flat(), "world_size": size},
+            self.tracker.start(params={**self.params, "world_size": size},
                                tags={"framework": self.framework, "elastic": "true"}, run_id=self.state.run_id)
         return self.tracker
 
@@ -120,22 +125,19 @@ class _ContinuingRun:
 
 class ElasticCallback(Callback):
     """The elastic parts of a run, as hooks of the shared loop (:func:`hvdsync.core.train.loop.fit_loop`): after each
-    step the read log, the run id and the state's step (which commits when due and may raise
-    ``HostsUpdatedInterrupt`` there, on every rank at the same step); after each epoch its record in the committed
-    history and a commit.
+    step the run id and the state's step (which commits when due and may raise ``HostsUpdatedInterrupt`` there, on
+    every rank at the same step); after each epoch its record in the committed history and a commit. It is the
+    loop's last callback: a commit then holds what every other callback did in the step (a ledger's counts).
 
     Args:
         state: the :class:`~hvdsync.core.elastic.state.CommittedState`.
         reporter: rank 0's reset reporter (it also puts the MLflow run id into the state).
-        record_reads: count every sample each rank trains on (``state.user["reads"]`` and ``["timeline"]``).
     """
 
-    def __init__(self, state: CommittedState, reporter: _Reporter, record_reads: bool = False) -> None:
-        self.state, self.reporter, self.record_reads = state, reporter, record_reads
+    def __init__(self, state: CommittedState, reporter: _Reporter) -> None:
+        self.state, self.reporter = state, reporter
 
     def on_step_end(self, ctx: TrainContext) -> None:
-        if self.record_reads:
-            _record(self.state, ctx.backend, ctx.last_step, ctx.cfg.data.batch_size, ctx.epoch)
         self.reporter.note_run_id()
         self.state.step_done(ctx.last_step.global_count)
 
@@ -146,29 +148,35 @@ class ElasticCallback(Callback):
         self.state.epoch_done()
 
 
-def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads: bool = False,
-                callbacks: Sequence[Callback] = ()) -> ElasticResult:
-    """Train from the state's position to ``cfg.train.epochs`` on the shared loop; called (again after each reset)
+def _no_tracking(rank: int) -> Tracker:
+    return Tracker()
+
+
+def elastic_fit(state: CommittedState, settings: LoopSettings, backend, data: Dataset,
+                callbacks: Sequence[Callback] = (),
+                make_tracker: Callable[[int], Tracker] = _no_tracking) -> ElasticResult:
+    """Train from the state's position to ``settings.epochs`` on the shared loop; called (again after each reset)
     by the elastic run.
 
     Args:
         state: the :class:`~hvdsync.core.elastic.state.CommittedState` (position, user objects, reset log).
-        cfg: the :class:`hvdsync.config.Config`.
+        settings: the loop's :class:`~hvdsync.core.train.loop.LoopSettings` (built by the layer above:
+            :func:`hvdsync.fitting.loop_settings`); ``settings.params`` are the parameters the run records.
         backend: the adapter's loop backend; ``backend.refresh()`` re-reads rank and size after a reset.
         data: the dataset (same arrays on every rank).
-        record_reads: count every sample each rank trains on (tests and notebook 10).
         callbacks: more :class:`~hvdsync.core.train.loop.Callback` objects for the loop (the user's, made once per
-            process: they live on across resets); ``TrainContext.job_step`` counts the job's committed steps too.
+            process: they live on across resets); ``TrainContext.job_step`` counts the job's committed steps too,
+            and ``TrainContext.state`` is ``state``. A :class:`~hvdsync.core.elastic.ledger.SampleLedger` among them
+            fills the result's ``reads`` and ``timeline``.
+        make_tracker: ``make_tracker(rank)``: the run's tracker, made once per process when it is rank 0 (default:
+            no tracking).
     """
     backend.refresh()
     rank, size = backend.rank, backend.size
-    reporter = state.on_event if isinstance(state.on_event, _Reporter) else _Reporter(cfg, state, backend.framework)
+    reporter = state.on_event if isinstance(state.on_event, _Reporter) else \
+        _Reporter(make_tracker, settings.params, state, backend.framework)
     state.on_event = reporter
     tracker = reporter.tracker_for_rank(rank, size)
-    if record_reads:
-        state.user.setdefault("reads", np.zeros((cfg.train.epochs, len(data.x_train)), dtype=np.int64))
-        state.user["reads"] = np.asarray(state.user["reads"], dtype=np.int64)  # a list after a JSON checkpoint
-        state.user.setdefault("timeline", [])
     state.user.setdefault("history", [])
     accuracy = array_evaluator(backend, data)
 
@@ -177,19 +185,20 @@ def elastic_fit(state: CommittedState, cfg, backend, data: Dataset, record_reads
 
     # The plan for the *current* world from the committed position: the epoch's global order goes on where the
     # last commit left it, so no sample is read twice or skipped whatever the sizes before and after.
-    result = fit_loop(cfg, backend, data, evaluate, tracker=_ContinuingRun(tracker),
-                      callbacks=[ElasticCallback(state, reporter, record_reads), *callbacks],
+    result = fit_loop(settings, backend, data, evaluate, tracker=_ContinuingRun(tracker),
+                      callbacks=[*callbacks, ElasticCallback(state, reporter)],
                       resume=PlanState(state.position.epoch, state.position.consumed),
                       progress_desc=f"{backend.framework} elastic x{size}", observe=False,
-                      steps_before=state.position.step)
+                      steps_before=state.position.step, state=state)
     reporter.note_run_id()
     history = state.user["history"]
+    ledger = next((c for c in callbacks if isinstance(c, SampleLedger)), None)
     return ElasticResult(
-        framework=backend.framework, world_size=size, rank=rank, epochs=cfg.train.epochs, steps=state.position.step,
+        framework=backend.framework, world_size=size, rank=rank, epochs=settings.epochs, steps=state.position.step,
         test_accuracy=history[-1]["test_accuracy"] if history else 0.0, history=history, resets=state.events,
         param_spread=result.param_spread, params_sha256=_digest(backend.parameters()),
-        reads=state.user["reads"].tolist() if record_reads else None,
-        timeline=state.user.get("timeline") if record_reads else None, run_id=state.run_id,
+        reads=ledger.reads if ledger is not None else None,
+        timeline=ledger.timeline if ledger is not None else None, run_id=state.run_id,
         total_seconds=result.total_seconds)
 
 
@@ -199,15 +208,3 @@ def _digest(params) -> str:
     for p in params:
         h.update(np.ascontiguousarray(p).tobytes())
     return h.hexdigest()
-
-
-def _record(state: CommittedState, backend, step, batch_size: int, epoch: int) -> None:
-    # Each rank reports the indices it really trained on (padded to a fixed length for the all-gather).
-    mine = np.full(batch_size, -1, dtype=np.float64)
-    mine[:step.local_count] = step.indices
-    everyone = backend.allgather(mine)
-    for row in everyone:
-        idx = row[row >= 0].astype(np.int64)
-        np.add.at(state.user["reads"][epoch], idx, 1)
-    state.user["timeline"].append([time.time(), state.position.step + 1, backend.size,
-                                   *[int((row >= 0).sum()) for row in everyone]])

@@ -1,6 +1,6 @@
 """What every rank measures during training, brought to rank 0 and recorded in the job's one MLflow run.
 
-Every ``monitor.every`` steps all ranks take part in one small all-gather of a fixed-size row: their loss, step
+Every ``every`` steps (``monitor.every``) all ranks take part in one small all-gather of a fixed-size row: their loss, step
 time, working time, phase times (:mod:`hvdsync.core.telemetry.profiling`), gradient norm, parameter fingerprint
 (:mod:`hvdsync.core.telemetry.monitor`) and, from each node's first local rank, that node's system metrics
 (:mod:`hvdsync.core.telemetry.sysmetrics`). Rank 0 records
@@ -24,6 +24,7 @@ import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,21 +33,51 @@ from hvdsync.core.telemetry import placement, profiling, record, sysmetrics
 from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.monitor import Alarms, fingerprint
 from hvdsync.core.telemetry.profiling import PHASES
-from hvdsync.core.comm.schemes import MODES
 
 # The head of each gathered row; the system-metrics payload follows it.
 ROW = ("loss", "samples", "step_seconds", "work_seconds", *(f"{p}_seconds" for p in PHASES), "grad_norm",
        "fp0", "fp1", "fp2")
 
 
+@dataclass(frozen=True)
+class ObserverSettings:
+    """What the :class:`Observer` needs to know, as plain values; the layer above takes them from a config
+    (:func:`hvdsync.fitting.observer_settings`).
+
+    Attributes:
+        every: steps between two all-gathers of the per-rank figures (``monitor.every``); 0: none.
+        straggler_ratio, divergence_tolerance: the monitor's alarms (:class:`~hvdsync.core.telemetry.monitor.Alarms`).
+        lockstep: the ranks hold equal parameters after every step (all-reduce); False for local SGD and gossip,
+            which let them differ between averagings by design: no divergence alarm then.
+        tracking: the job records a run (``tracking.enabled``): only then are hosts named and nodes sampled.
+        system_metrics: sample each node's system metrics (``tracking.system_metrics``).
+        config: the run's config as a dict (the artifact ``hvdsync/config.yaml`` and the record's ``config``).
+        seed, deterministic: what the reproducibility record states (:func:`~hvdsync.core.telemetry.record.build_record`).
+    """
+
+    every: int = 10
+    straggler_ratio: float = 3.0
+    divergence_tolerance: float = 0.0
+    lockstep: bool = True
+    tracking: bool = False
+    system_metrics: bool = True
+    config: dict = field(default_factory=dict)
+    seed: int = 0
+    deterministic: bool = False
+
+
 class Observer(Callback):
     """Per-step figures, checks and artifacts of one rank (rank 0 records them); the loop's first callback.
 
-    Reads from the :class:`~hvdsync.core.train.loop.TrainContext`: ``cfg``, ``tracker`` and ``backend`` (``rank``,
-    ``size``, ``framework``, ``timer``, ``allgather``, ``parameters``; ``grad_norm()`` where the adapter has it).
+    Args:
+        settings: its :class:`ObserverSettings` (None: their defaults).
+
+    Reads from the :class:`~hvdsync.core.train.loop.TrainContext`: ``tracker`` and ``backend`` (``rank``, ``size``,
+    ``framework``, ``timer``, ``allgather``, ``parameters``; ``grad_norm()`` where the adapter has it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ObserverSettings | None = None) -> None:
+        self.settings = settings if settings is not None else ObserverSettings()
         self.step = 0
         self.messages: list[str] = []  # the alarms' warning lines
         self.history: list[dict] = []  # rank 0: what was recorded, for the end-of-run plot
@@ -54,31 +85,27 @@ class Observer(Callback):
 
     # ---- the loop's hooks -----------------------------------------------------------------------------------
     def on_train_begin(self, ctx) -> None:
-        self.cfg, self.backend, self.tracker = ctx.cfg, ctx.backend, ctx.tracker
-        self.every = self.cfg.monitor.every
-        # Local SGD and gossip let the ranks differ between averagings by design: no divergence alarm for them.
-        lockstep = MODES[getattr(self.cfg.sync, "mode", "allreduce")].lockstep
-        self.alarms = Alarms(self.tracker, self.cfg.monitor.straggler_ratio, self.cfg.monitor.divergence_tolerance,
-                             check_divergence=lockstep)
+        s = self.settings
+        self.backend, self.tracker = ctx.backend, ctx.tracker
+        self.every = s.every
+        self.alarms = Alarms(self.tracker, s.straggler_ratio, s.divergence_tolerance, check_divergence=s.lockstep)
         self.messages = self.alarms.messages
         # Samples only go to the job's run: without tracking, no sampler (it would import MLflow's monitors, ~2 s of
         # CPU on each node's first rank, and wake every second for figures nobody records).
-        sampling = (self.cfg.tracking.enabled and self.cfg.tracking.system_metrics and self.every > 0
-                    and sysmetrics.samples_here())
+        sampling = s.tracking and s.system_metrics and self.every > 0 and sysmetrics.samples_here()
         self.sampler = sysmetrics.NodeSampler() if sampling else None
         self.node = sysmetrics.node_id()
         b = self.backend
-        # Every rank names its host (a collective: the condition is the config's, the same on every rank).
+        # Every rank names its host (a collective: the condition is the settings', the same on every rank).
         hosts = [sysmetrics.row_text(r) for r in b.allgather(sysmetrics.text_row(placement.host_name(),
                                                                                  placement.HOST_BYTES))] \
-            if self.cfg.tracking.enabled else []
+            if s.tracking else []
         if b.rank == 0 and self.tracker.active:
-            rec = record.build_record(self.cfg, b.framework, b.size)
+            rec = record.build_record(s.config, b.framework, b.size, s.seed, s.deterministic)
             self.tracker.log_params({**record.record_params(rec), **placement.placement_params(hosts),
                                      **placement.slurm_params()})
             with tempfile.TemporaryDirectory() as tmp:
-                for name, text in (("record.json", json.dumps(rec, indent=2)),
-                                   ("config.yaml", _yaml(self.cfg.to_dict()))):
+                for name, text in (("record.json", json.dumps(rec, indent=2)), ("config.yaml", _yaml(s.config))):
                     (Path(tmp) / name).write_text(text)
                     self.tracker.log_artifact(Path(tmp) / name, "hvdsync")
         self._reset()
@@ -206,14 +233,15 @@ def _yaml(data: dict) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def prepare_timeline(cfg) -> str | None:
-    """With ``tracking.timeline``, point ``HOROVOD_TIMELINE`` (read by ``hvd.init``: call this before it) at a file
-    in the spool folder's ``timelines/``, unless the user set it; returns the timeline's path, if any. Only the
-    coordinator (rank 0) writes it; the run records a copy and its per-tensor chart."""
-    if cfg.tracking.timeline and not os.environ.get("HOROVOD_TIMELINE"):
+def prepare_timeline(enabled: bool, spool_dir: str | None = None) -> str | None:
+    """When ``enabled`` (``tracking.timeline``), point ``HOROVOD_TIMELINE`` (read by ``hvd.init``: call this before
+    it) at a file in ``timelines/`` of the spool folder (``spool_dir``, default
+    :func:`~hvdsync.core.telemetry.spool.default_spool_dir`), unless the user set it; returns the timeline's path, if
+    any. Only the coordinator (rank 0) writes it; the run records a copy and its per-tensor chart."""
+    if enabled and not os.environ.get("HOROVOD_TIMELINE"):
         from hvdsync.core.telemetry.spool import default_spool_dir
 
-        folder = Path(cfg.tracking.spool_dir or default_spool_dir()) / "timelines"
+        folder = Path(spool_dir or default_spool_dir()) / "timelines"
         folder.mkdir(parents=True, exist_ok=True)
         os.environ["HOROVOD_TIMELINE"] = str(folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json")
     return os.environ.get("HOROVOD_TIMELINE")

@@ -96,15 +96,16 @@ def command_line() -> list[str]:
     return [mask_url_passwords(a) for a in argv]
 
 
-def build_record(cfg, framework: str, world_size: int) -> dict[str, Any]:
-    """The whole record for a run of ``cfg`` on ``world_size`` workers of ``framework``."""
+def build_record(config: dict[str, Any], framework: str, world_size: int, seed: int = 0,
+                 deterministic: bool = False) -> dict[str, Any]:
+    """The whole record for a run of ``config`` (the config as a dict) on ``world_size`` workers of ``framework``,
+    seeded with ``seed`` (``train.seed``; each rank's seed follows from it) and ``deterministic`` or not."""
     return {
-        "config": cfg.to_dict(),
+        "config": config,
         "framework": framework,
         "world_size": world_size,
-        "seeds": {"train.seed": cfg.train.seed,
-                  "rank_seeds": [rank_seed(cfg.train.seed, r) for r in range(world_size)]},
-        "deterministic": cfg.train.deterministic,
+        "seeds": {"train.seed": seed, "rank_seeds": [rank_seed(seed, r) for r in range(world_size)]},
+        "deterministic": deterministic,
         "versions": versions(),
         "horovod_build": dict(horovod_build()),
         "command_line": command_line(),

@@ -1,7 +1,7 @@
 """The shared loop's adaptive parts: straggler-aware shares and the learning rate of a growing batch.
 
 Both are :class:`~hvdsync.core.train.callbacks.Callback` objects that :func:`~hvdsync.core.train.loop.fit_loop` adds
-when the config asks (``data.shares: adaptive``, ``data.batch_growth``), so they work for every model, loss and step
+when its settings ask (``LoopSettings.adaptive_shares``, a plan that grows its batch), so they work for every model, loss and step
 source of either framework. The maths is in :mod:`hvdsync.core.train.shares` and :func:`hvdsync.core.train.scaling.grown_lr`.
 """
 from __future__ import annotations
@@ -113,9 +113,16 @@ class AdaptiveShares(Callback):
 
 
 class GrowthLearningRate(Callback):
-    """Sets the learning rate of each epoch for ``data.batch_growth`` by ``train.growth_lr``
-    (:func:`~hvdsync.core.train.scaling.grown_lr` of the batch factor in force), through ``backend.scale_learning_rate``."""
+    """Sets the learning rate of each epoch for a growing batch (the plan's ``growth``) by ``rule``
+    (:func:`~hvdsync.core.train.scaling.grown_lr` of the batch factor in force), through ``backend.scale_learning_rate``.
+
+    Args:
+        rule: how the learning rate follows the batch factor (``train.growth_lr``: ``sqrt``, ...).
+    """
+
+    def __init__(self, rule: str = "sqrt") -> None:
+        self.rule = rule
 
     def on_epoch_begin(self, ctx) -> None:
         factor = ctx.plan.batch_size_at(ctx.epoch) / ctx.plan.batch_size
-        ctx.backend.scale_learning_rate(grown_lr(1.0, factor, ctx.cfg.train.growth_lr))
+        ctx.backend.scale_learning_rate(grown_lr(1.0, factor, self.rule))

@@ -1,6 +1,7 @@
 """The training loop both frameworks share: it consumes *steps*, whatever the model, loss and data.
 
-An adapter hands the loop a :class:`Backend` (the user's model, loss and optimizer behind a few methods) and a
+An adapter hands the loop its :class:`LoopSettings` (plain values the layer above takes from a config:
+:func:`hvdsync.fitting.loop_settings`), a :class:`Backend` (the user's model, loss and optimizer behind a few methods) and a
 :class:`StepSource` (``epoch_steps(epoch, start)`` yields this rank's ``(micro_batches, step)`` per optimizer step:
 numpy arrays from :class:`hvdsync.core.train.loader.PlanLoader`, or the batches of a user's ``DataLoader`` read through
 ``hvdsync.torch.PlanSampler``). Evaluation is a function the user may pass. The loop owns what is the same in
@@ -24,11 +25,10 @@ from hvdsync.core.train.data import Dataset
 from hvdsync.core.train.loader import PlanLoader
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.telemetry.progress import Progress
-from hvdsync.core.train.runtime import applied_params
 from hvdsync.core.train.scaling import loss_scale
 from hvdsync.core.train.sharding import PlanState, ShardPlan, Step
 from hvdsync.core.train.shares import share_slice
-from hvdsync.core.telemetry.tracking import Tracker, make_tracker
+from hvdsync.core.telemetry.tracking import Tracker
 
 # What an evaluation returns: per metric, this rank's (sum, count); the loop sums both over ranks and divides, so the
 # result is the metric over all ranks' samples. A plain float counts as (value, 1): the mean over ranks.
@@ -66,6 +66,46 @@ class StepSource(Protocol):
 
     def epoch_steps(self, epoch: int, start: int = 0) -> Iterable[tuple[list, Step]]:
         """``(micro_batches, step)`` per optimizer step of ``epoch``, from global sample offset ``start``."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the shared loop needs to know, as plain values; the layer above builds it from a config
+    (:func:`hvdsync.fitting.loop_settings`), so the loop reads no config.
+
+    Attributes:
+        epochs: epochs to train (a resumed run goes on to this count).
+        op: how the ranks' gradients combine (``average`` or ``sum``): the loss scale of each step
+            (:func:`~hvdsync.core.train.scaling.loss_scale`).
+        batch_size, accumulate, seed, shuffle, batch_growth: the :class:`~hvdsync.core.train.sharding.ShardPlan`
+            that reads a :class:`~hvdsync.core.train.data.Dataset` (:meth:`plan`).
+        adaptive_shares: re-divide each epoch's steps by the ranks' measured speed
+            (:class:`~hvdsync.core.train.adaptive.AdaptiveShares`).
+        growth_lr: how the learning rate follows a growing batch (:func:`~hvdsync.core.train.scaling.grown_lr`).
+        params: the run parameters the tracker records (``world_size`` is added).
+        observer: the :class:`~hvdsync.core.telemetry.observe.ObserverSettings` (None: their defaults).
+
+    Example:
+        >>> LoopSettings(epochs=2, batch_size=32).plan(dataset_size=1000, world_size=2).global_batch
+        64
+    """
+
+    epochs: int = 1
+    op: str = "average"
+    batch_size: int = 32
+    accumulate: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    batch_growth: tuple = ()
+    adaptive_shares: bool = False
+    growth_lr: str = "sqrt"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    observer: Any = None
+
+    def plan(self, dataset_size: int, world_size: int) -> ShardPlan:
+        """The shard plan for ``dataset_size`` samples on ``world_size`` ranks."""
+        return ShardPlan(dataset_size, world_size, self.batch_size, self.accumulate, self.seed, self.shuffle,
+                         growth=self.batch_growth)
 
 
 @dataclass
@@ -109,6 +149,7 @@ class TrainContext:
     """What a :class:`Callback` sees; the loop updates it in place.
 
     Attributes:
+        settings: the run's :class:`LoopSettings` (``settings.epochs``, ...).
         epoch: the current epoch; step: optimizer steps done in this epoch (counting those before a resume).
         global_step: optimizer steps done by this run (not counting those before a resume).
         steps_before: optimizer steps the job took before this run (an elastic run's committed steps); 0 otherwise.
@@ -120,9 +161,11 @@ class TrainContext:
         stop_training: set it to True to end training after the current step (on every rank alike: collectives
             must stay matched).
         status: ``RUNNING``, then ``FINISHED`` or ``FAILED`` in ``on_train_end``.
+        state: an elastic run's committed state (:class:`~hvdsync.core.elastic.state.CommittedState`): what a
+            callback puts into ``state.user`` is committed and rolled back with the model; None outside one.
     """
 
-    cfg: Any
+    settings: LoopSettings
     backend: Backend
     tracker: Tracker
     plan: ShardPlan
@@ -139,6 +182,7 @@ class TrainContext:
     status: str = "RUNNING"
     steps: Any = None  # the step source (adaptive shares re-divide its plan between epochs)
     steps_before: int = 0
+    state: Any = None
 
     @property
     def job_step(self) -> int:
@@ -186,12 +230,6 @@ def array_evaluator(backend: Any, data: Dataset, batch: int = EVAL_BATCH,
     return evaluate
 
 
-def plan_for(cfg: Any, dataset_size: int, world_size: int) -> ShardPlan:
-    """The shard plan ``cfg`` describes for ``dataset_size`` samples on ``world_size`` ranks."""
-    return ShardPlan(dataset_size, world_size, cfg.data.batch_size, cfg.sync.accumulate, cfg.train.seed,
-                     cfg.data.shuffle, growth=cfg.data.batch_growth)
-
-
 def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evaluation) -> dict[str, float]:
     """One all-gather for the epoch's numbers. Every rank must return the same evaluation keys."""
     names = sorted(evaluation)
@@ -215,7 +253,7 @@ def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evalu
 
 
 def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar: Progress, start: int) -> dict:
-    backend, result, cfg = ctx.backend, ctx.result, ctx.cfg
+    backend, result = ctx.backend, ctx.result
     loss_sum, seen, step_times = 0.0, 0, []
     ctx.position = start
     ctx.step = ctx.plan.steps_per_epoch(0, ctx.epoch) - ctx.plan.steps_per_epoch(start, ctx.epoch)
@@ -230,7 +268,7 @@ def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar:
         fetched = time.perf_counter() - t
         callbacks.on_step_begin(ctx)
         t = time.perf_counter()
-        step_loss = backend.train_step(micro, loss_scale(step.global_count, ctx.size, cfg.sync.op))
+        step_loss = backend.train_step(micro, loss_scale(step.global_count, ctx.size, ctx.settings.op))
         step_times.append(fetched + time.perf_counter() - t)  # a hook's own time (a slowed rank) is not the step's
         loss_sum += step_loss
         seen += step.local_count
@@ -243,38 +281,42 @@ def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar:
     return {"loss_sum": loss_sum, "seen": seen, "step_seconds": float(np.mean(step_times)) if step_times else 0.0}
 
 
-def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
+def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Dataset,
              evaluate: Callable[[], Evaluation] | None = None, tracker: Tracker | None = None,
              callbacks: Sequence[Callback] = (), resume: PlanState | None = None,
              before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
-             params: Mapping[str, Any] | None = None, observe: bool = True, steps_before: int = 0) -> FitResult:
-    """Train ``backend`` on ``steps`` as ``cfg`` says; returns this rank's :class:`FitResult`.
+             params: Mapping[str, Any] | None = None, observe: bool = True, steps_before: int = 0,
+             state: Any = None) -> FitResult:
+    """Train ``backend`` on ``steps`` as ``settings`` say; returns this rank's :class:`FitResult`.
+
+    A script with a config calls :func:`hvdsync.fitting.fit_loop` (the same arguments, with the config first): it
+    builds the settings, the tracker and the recorded parameters from the config and calls this function.
 
     Args:
-        cfg: a :class:`hvdsync.config.Config` (epochs, loss-scale op, tracking).
+        settings: the :class:`LoopSettings` (epochs, loss-scale op, the plan of a ``Dataset``, ...).
         backend: the adapter's backend (the user's model, loss and optimizer; Horovod calls).
         steps: a :class:`StepSource`; a :class:`~hvdsync.core.train.data.Dataset` is read through a
-            :class:`~hvdsync.core.train.loader.PlanLoader` with the plan ``cfg`` describes (then ``evaluate`` defaults to
+            :class:`~hvdsync.core.train.loader.PlanLoader` with ``settings.plan(...)`` (then ``evaluate`` defaults to
             the test accuracy by ``backend.count_correct``).
         evaluate: called on every rank after each epoch; returns ``{metric: (sum, count)}`` over this rank's share
             (or plain floats, averaged over ranks). None: no evaluation.
-        tracker: defaults to MLflow on rank 0 when ``cfg.tracking.enabled``.
+        tracker: the run's :class:`~hvdsync.core.telemetry.tracking.Tracker` (rank 0's records); None: no tracking.
         callbacks: :class:`Callback` objects (tracking, profiling, elastic commits, ... plug in here).
         resume: start from this plan position (e.g. ``PlanSampler.state_dict()`` or an elastic commit).
         before_step: ``before_step(epoch, step)`` on every rank before each step (shorthand for a callback).
-        params: run parameters to record; default ``cfg.flat()`` with Horovod's knobs as this worker's environment
-            holds them (:func:`hvdsync.core.train.runtime.applied_params`): the record claims only settings that applied.
+        params: run parameters to record instead of ``settings.params``.
         observe: run the :class:`~hvdsync.core.telemetry.observe.Observer` (per-step metrics, monitor checks, the run's
             record and artifacts). The elastic loop turns it off: it re-enters after every reset.
         steps_before: the job's optimizer steps before this run (``TrainContext.job_step``).
+        state: an elastic run's committed state, for the callbacks (``TrainContext.state``).
 
     Example:
-        >>> result = fit_loop(cfg, backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
+        >>> result = fit_loop(LoopSettings(epochs=2), backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
     """
     rank, size = backend.rank, backend.size
     if isinstance(steps, Dataset):
         data = steps
-        steps = PlanLoader(data.x_train, data.y_train, plan_for(cfg, len(data.x_train), size), rank)
+        steps = PlanLoader(data.x_train, data.y_train, settings.plan(len(data.x_train), size), rank)
         # The test set is cut by the shares in force (the plan's, which adaptive shares replace each epoch).
         evaluate = evaluate if evaluate is not None else array_evaluator(backend, data, shares=lambda: ctx.plan.shares)
     plan = steps.plan
@@ -282,31 +324,31 @@ def fit_loop(cfg: Any, backend: Backend, steps: StepSource | Dataset,
         raise ValueError(f"steps: a plan for {plan.world_size} ranks is not allowed in a world of {size}; "
                          f"build the plan (or PlanSampler) with world_size={size}")
     resume = resume or PlanState()
-    tracker = tracker if tracker is not None else make_tracker(cfg.tracking, rank)
-    tracker.start(params={**(params if params is not None else applied_params(cfg)), "world_size": size},
+    tracker = tracker if tracker is not None else Tracker()
+    tracker.start(params={**(params if params is not None else settings.params), "world_size": size},
                   tags={"framework": backend.framework})
     total = sum(plan.steps_per_epoch(resume.consumed if e == resume.epoch else 0, e)
-                for e in range(resume.epoch, cfg.train.epochs))
-    bar = Progress(total if resume.epoch < cfg.train.epochs else 0, rank,
+                for e in range(resume.epoch, settings.epochs))
+    bar = Progress(total if resume.epoch < settings.epochs else 0, rank,
                    desc=progress_desc or f"{backend.framework} x{size}")
-    result = FitResult(backend.framework, size, rank, cfg.train.epochs, float("nan"))
-    ctx = TrainContext(cfg, backend, tracker, plan, result, rank, size, epoch=resume.epoch, position=resume.consumed,
-                       steps=steps, steps_before=steps_before)
+    result = FitResult(backend.framework, size, rank, settings.epochs, float("nan"))
+    ctx = TrainContext(settings, backend, tracker, plan, result, rank, size, epoch=resume.epoch,
+                       position=resume.consumed, steps=steps, steps_before=steps_before, state=state)
     from hvdsync.core.train import adaptive  # here: these modules build on this module's Callback
     from hvdsync.core.telemetry.observe import Observer
 
     # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.telemetry.observe).
-    observers = [Observer()] if observe else []
+    observers = [Observer(settings.observer)] if observe else []
     own = list(observers)
-    if cfg.data.shares == "adaptive":
+    if settings.adaptive_shares:
         own.append(adaptive.AdaptiveShares())
     if plan.growth:
-        own.append(adaptive.GrowthLearningRate())
+        own.append(adaptive.GrowthLearningRate(settings.growth_lr))
     hooks = _Callbacks([*own, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
     start = time.perf_counter()
     try:
         hooks.on_train_begin(ctx)
-        for epoch in range(resume.epoch, cfg.train.epochs):
+        for epoch in range(resume.epoch, settings.epochs):
             ctx.epoch = epoch
             hooks.on_epoch_begin(ctx)
             epoch_start, tensors = time.perf_counter(), backend.wire.snapshot()["tensors"]
@@ -364,4 +406,4 @@ def _finish(ctx: TrainContext, start: float) -> None:
              "total_seconds": result.total_seconds}
     if not math.isnan(result.test_accuracy):
         final["final_test_accuracy"] = result.test_accuracy
-    ctx.tracker.log_metrics(final, step=ctx.cfg.train.epochs)
+    ctx.tracker.log_metrics(final, step=ctx.settings.epochs)
