@@ -6,6 +6,7 @@
     python benchmarks/allreduce.py --quick              # tiny sizes, 2 iterations: checks every path in ~1 minute
     python benchmarks/allreduce.py --set cycle_time_ms=2 --set fusion_threshold_mb=128   # hvdsync, other knobs
     python benchmarks/allreduce.py --horovod-build DIR  # add (b2): (b) on another Horovod build (e.g. before a patch)
+    python benchmarks/allreduce.py --sleep-wait --alt-set cycle_time_ms=0.2   # add (b''): (b') with other knobs
     python benchmarks/allreduce.py --record quiet       # keep it: benchmarks/results/allreduce/<date>-quiet.{txt,json}
     make bench                                          # the first line, recorded
 
@@ -21,6 +22,8 @@ The variants, each started as its own pair of worker processes, alternated round
       differ from the config's.
   (b') with ``--sleep-wait``: as (b), but waiting with ``hvd.poll`` + ``time.sleep(50 us)`` instead of Horovod's
       ``synchronize``, whose C++ loop spins on ``sched_yield`` (docs/measurements/allreduce.md, "Where the time goes").
+  (b'') with ``--alt-set``: as (b'), with those SyncConfig changes on top of ``--set``: two settings of hvdsync side
+      by side, interleaved with the others, e.g. the cycle time for small messages.
   (c) torch.distributed: ``dist.all_reduce`` on a Gloo process group (subprocesses, 127.0.0.1, a free port, lo).
 
 All use one intra-op thread per process (what hvdsync sets on 2 cores and ``torchrun`` sets by default). Every
@@ -41,7 +44,8 @@ from hvdlab.bench import harness, report, suite
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": None, "HOROVOD_CACHE_CAPACITY": None}
 
 
-def variants(sync: dict, sleep_wait: bool = False, build: str | None = None) -> list[harness.Variant]:
+def variants(sync: dict, sleep_wait: bool = False, build: str | None = None,
+             alt: dict | None = None) -> list[harness.Variant]:
     V = harness.Variant
     knobs = ", ".join(f"{k}={v}" for k, v in sync.items()) or "defaults"
     out = [
@@ -56,6 +60,10 @@ def variants(sync: dict, sleep_wait: bool = False, build: str | None = None) -> 
                      env={"PYTHONPATH": path}))
     if sleep_wait:
         out.append(V("hvdsync_sleep", "(b') hvdsync, poll + sleep wait", sync=sync, init="hvdsync",
+                     call="allreduce_", wait="sleep"))
+    if alt:
+        changed = ", ".join(f"{k}={v}" for k, v in alt.items())
+        out.append(V("hvdsync_alt", f"(b'') as (b'), {changed}", sync={**sync, **alt}, init="hvdsync",
                      call="allreduce_", wait="sleep"))
     out.append(V("torch", "(c) torch.distributed gloo", backend="torch"))
     return out
@@ -96,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--horovod-build", metavar="DIR",
                    help="add a (b2) row: (b) with Horovod imported from DIR (pip install --no-deps --target DIR "
                         "<wheel>), to compare two builds in one run")
+    p.add_argument("--alt-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="add a (b'') row: (b') with these SyncConfig changes too, e.g. --alt-set cycle_time_ms=0.2")
     p.add_argument("--variants", default="",
                    help="run only these, comma-separated: horovod, hvdsync, hvdsync_build (with --horovod-build), "
                         "hvdsync_sleep (with --sleep-wait), torch")
@@ -110,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--iters and --rounds must be >= 1, --warmup >= 0")
     args.iters = -(-args.iters // args.rounds) * args.rounds  # the same number in every round
     try:
-        sizes, sync = report.parse_sizes(args.sizes), parse_set(args.set)
+        sizes, sync, alt = report.parse_sizes(args.sizes), parse_set(args.set), parse_set(args.alt_set)
     except ValueError as exc:  # ConfigError included: it names the field
         p.error(str(exc))
     if args.horovod_build and not (Path(args.horovod_build) / "horovod" / "torch").is_dir():
         p.error(f"--horovod-build: {args.horovod_build!r} holds no horovod/torch package; expected a folder made by "
                 "pip install --no-deps --target DIR <horovod wheel>")
-    chosen = variants(sync, sleep_wait=args.sleep_wait, build=args.horovod_build)
+    chosen = variants(sync, sleep_wait=args.sleep_wait, build=args.horovod_build, alt=alt)
     if args.variants:
         keep = set(args.variants.split(","))
         unknown = keep - {v.name for v in chosen}
