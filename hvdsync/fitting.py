@@ -68,6 +68,29 @@ def fit_loop(cfg, backend, steps, evaluate=None, tracker: Tracker | None = None,
     return loop.fit_loop(loop_settings(cfg), backend, steps, evaluate, tracker=tracker, callbacks=callbacks, **kwargs)
 
 
+def with_ledger(callbacks: Sequence[Callback], record_reads: bool, call: str, stacklevel: int = 2) -> list[Callback]:
+    """``callbacks`` as a new list, with a :class:`~hvdsync.core.elastic.ledger.SampleLedger` added (unless one is
+    there) where the deprecated ``record_reads=True`` asks for it, with the ``DeprecationWarning`` that names
+    ``callbacks=[SampleLedger()]``. Every ``record_reads`` that goes in 0.3.0 (``fit_elastic`` and the elastic
+    launchers) says it this way, naming its own ``call``.
+
+    Args:
+        callbacks: the caller's callbacks (not changed).
+        record_reads: the deprecated flag.
+        call: the function the user called, as the warning names it (``"hvdsync.launch.elastic.train"``).
+        stacklevel: as :func:`warnings.warn` counts it from the caller of this function (2: the line that called
+            the caller, the user's where the caller is public).
+    """
+    callbacks = list(callbacks)
+    if record_reads:
+        warnings.warn(f"{call}(record_reads=True) is deprecated since hvdsync 0.2.0 and goes in 0.3.0: pass "
+                      "callbacks=[SampleLedger()] (from hvdsync.core.elastic.ledger import SampleLedger); the "
+                      "result's reads and timeline are the same", DeprecationWarning, stacklevel=stacklevel + 1)
+        if not any(isinstance(c, SampleLedger) for c in callbacks):
+            callbacks.append(SampleLedger())
+    return callbacks
+
+
 def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_elastic: Callable, cfg=None,
                      data: Dataset | None = None, record_reads: bool = False,
                      callbacks: Sequence[Callback] = ()) -> ElasticResult:
@@ -78,13 +101,8 @@ def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_
 
     ``record_reads=True`` is deprecated (it goes in 0.3.0): pass ``callbacks=[SampleLedger()]``
     (:class:`hvdsync.core.elastic.ledger.SampleLedger`)."""
-    callbacks = list(callbacks)
-    if record_reads:
-        warnings.warn("fit_elastic(record_reads=True) is deprecated since hvdsync 0.2.0 and goes in 0.3.0: pass "
-                      "callbacks=[SampleLedger()] (from hvdsync.core.elastic.ledger import SampleLedger); the "
-                      "result's reads and timeline are the same", DeprecationWarning, stacklevel=3)
-        if not any(isinstance(c, SampleLedger) for c in callbacks):
-            callbacks.append(SampleLedger())
+    # stacklevel 3: the warning points at the user's call of the adapter's fit_elastic, which called this.
+    callbacks = with_ledger(callbacks, record_reads, "fit_elastic", stacklevel=3)
     cfg = cfg or Config()
     init(cfg)
     data = data if data is not None else load(cfg.data, cfg.train.seed)

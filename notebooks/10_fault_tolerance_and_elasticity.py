@@ -64,6 +64,7 @@ from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
 from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.launch.local import WorkerError
 
 hosts = elastic_launch.local_hosts()
@@ -114,7 +115,7 @@ def kill_second_worker():
 
 threading.Thread(target=kill_second_worker, daemon=True).start()
 with faults.armed("slow@40"):
-    result = elastic_launch.train(cfg, log_dir=run_dir, record_reads=True, hosts=hosts[:2])
+    result = elastic_launch.train(cfg, log_dir=run_dir, callbacks=[SampleLedger()], hosts=hosts[:2])
 print(result.summary())
 for e in result.resets:
     print(f"  {e['reason']:<12} world {e['size_before']} -> {e['size_after']}, first step after it: {e['step']}, "
@@ -127,9 +128,10 @@ print(f"your prediction: {my_prediction}; measured: {recovery:.2f} s" if my_pred
 # %% [markdown]
 # ## 2 · Every sample exactly once, on every world size
 #
-# At each step the ranks all-gathered the indices they really trained on; the counts are part of the committed
-# state, so a step that was rolled back (done after the last commit, before the failure) is not counted, exactly as
-# its effect on the model was rolled back. Left: samples read per rank per step over time (the gap is the
+# At each step the ranks all-gathered the indices they really trained on: that is the `SampleLedger` handed to the
+# launcher (`callbacks=[SampleLedger()]`: each worker runs its own copy in its loop). The counts are part of the
+# committed state, so a step that was rolled back (done after the last commit, before the failure) is not counted,
+# exactly as its effect on the model was rolled back. Left: samples read per rank per step over time (the gap is the
 # recovery); right: how often each sample of each epoch was read.
 
 # %%
@@ -207,7 +209,7 @@ newest.write_bytes(bytes(blob))
 
 resume_start = time.time()
 resumed = elastic_launch.train(lost_cfg.replace(elastic={"resume": True}), log_dir=work / "resume",
-                               record_reads=True)
+                               callbacks=[SampleLedger()])
 print(resumed.summary())
 # Read from the resumed job itself: the first step it committed (its timeline), less one, is where it started.
 started = next(row[1] for row in resumed.timeline if row[0] >= resume_start) - 1

@@ -29,8 +29,10 @@ How a job ends, and what hvdsync makes of it:
   launcher says so in one line instead of Horovod's "exited with non-zero status".
 
 What runs in the workers beside the training is the user's: callbacks named in ``train.callbacks``
-(:func:`hvdsync.registry.register_callback`) live on across resets. The tests and notebook 10 inject their faults
-that way (``hvdlab.faults``); nothing here reads a test's variable.
+(:func:`hvdsync.registry.register_callback`) or handed to :func:`train` (``callbacks=[SampleLedger()]``, each worker
+its own copy) live on across resets. The tests and notebook 10 inject their faults and count their reads that way
+(``hvdlab.faults``, :class:`~hvdsync.core.elastic.ledger.SampleLedger`); nothing here reads a test's variable or
+takes a test's switch.
 """
 from __future__ import annotations
 
@@ -40,11 +42,12 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import hosts as host_lists
 from hvdsync.launch import reach, worker
@@ -260,20 +263,29 @@ def _echo_reports(log: Path) -> None:
 
 def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None,
           record_reads: bool = False, hosts=None, ssh_port: int | None = None,
-          ssh_identity_file: str | None = None, network_interfaces: list[str] | None = None):
+          ssh_identity_file: str | None = None, network_interfaces: list[str] | None = None,
+          callbacks: Sequence[Callback] = ()):
     """Train elastically as ``cfg`` says (``cfg.elastic``); returns rank 0's :class:`ElasticResult`.
 
     ``hosts``, ``ssh_port``, ``ssh_identity_file``, ``network_interfaces``: where, as :func:`run_elastic` says
     (default: this machine). Every config and host-list error is raised before any worker starts.
+
+    ``callbacks``: :class:`~hvdsync.core.train.callbacks.Callback` instances for every worker's loop, beside those
+    named in ``train.callbacks``; each worker gets its own copy (they travel pickled, so they must pickle), which
+    lives on across resets. ``callbacks=[SampleLedger()]`` fills the result's ``reads`` and ``timeline``
+    (:class:`~hvdsync.core.elastic.ledger.SampleLedger`); ``record_reads=True`` is its deprecated spelling (until
+    0.3.0).
 
     Example:
         >>> cfg = Config.from_dict({"elastic": {"enabled": True, "checkpoint_dir": "ckpt"}})   # doctest: +SKIP
         >>> print(train(cfg).summary())                                                        # doctest: +SKIP
         >>> train(cfg, hosts="node1:2,node2:2", ssh_identity_file="~/.ssh/id_ed25519",        # doctest: +SKIP
         ...       network_interfaces=["eth0"])
+        >>> train(cfg, callbacks=[SampleLedger()]).reads                                       # doctest: +SKIP
     """
     from hvdsync.core.elastic.loop import ElasticResult
 
+    args = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.elastic.train")
     preflight(cfg)
     own = log_dir is None
     run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-elastic-"))
@@ -284,7 +296,7 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
         first = placed[0]
         with job_run(cfg, "elastic", resumed_run(cfg)) as job:
             try:
-                results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, cfg.train.np,
+                results = run_elastic(worker.fit_elastic, args, cfg.elastic, cfg.train.np,
                                       run_dir, hosts=hosts, sync=cfg.sync, quiet=quiet,
                                       progress=progress, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
                                       network_interfaces=network_interfaces, lost=lost, placed=placed)

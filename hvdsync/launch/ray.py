@@ -38,10 +38,11 @@ import threading
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.loop import FitResult
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
@@ -377,7 +378,7 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
 def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progress: bool = True,
           log_dir: str | Path | None = None, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
           network_interfaces: list[str] | None = None, record_reads: bool = False,
-          env: dict[str, str] | None = None, **where: Any):
+          env: dict[str, str] | None = None, callbacks: Sequence[Callback] = (), **where: Any):
     """Train as ``cfg`` says on a Ray cluster: :class:`FitResult` of rank 0, or with ``elastic.enabled``
     an :class:`~hvdsync.core.elastic.loop.ElasticResult` (``elastic.min_np`` to ``elastic.max_np`` workers,
     ``train.np`` unused: the job takes the slots the cluster has). Every error of the config, the address and the
@@ -385,10 +386,19 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
 
     ``env``: more environment variables for the workers. Ray's actors start with the raylet's environment, not this
     process's: only Horovod's, hvdsync's and MLflow's variables are passed on by themselves, so a plugin named in
-    ``train.plugins`` that reads a variable of its own gets it here."""
+    ``train.plugins`` that reads a variable of its own gets it here.
+
+    ``callbacks``: for an elastic job, :class:`~hvdsync.core.train.callbacks.Callback` instances for every worker's
+    loop, as :func:`hvdsync.launch.elastic.train` takes them (each worker its own pickled copy;
+    ``callbacks=[SampleLedger()]`` fills the result's ``reads`` and ``timeline``; ``record_reads=True`` is its
+    deprecated spelling, until 0.3.0). A job that is not elastic runs the callbacks named in ``train.callbacks``."""
     if where:
         raise ConfigError(f"{'/'.join('--' + k.replace('_', '-') for k in where)}: not used with --ray; Ray places "
                           "the workers on its nodes")
+    if callbacks and not cfg.elastic.enabled:
+        raise ConfigError("callbacks=: taken by elastic jobs (elastic.enabled); name a job's callbacks in "
+                          "train.callbacks (hvdsync.registry.register_callback)")
+    args = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.ray.train")
     preflight(cfg)
     ray = require_ray()  # one line before the job's run is made, where Ray is missing
     address = resolve_address(address)
@@ -401,12 +411,12 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
         else:
             check_capacity(ray, address, cfg.train.np, cpus_per_worker, gpus_per_worker)
         return _train_connected(cfg, address, quiet, progress, log_dir, cpus_per_worker, gpus_per_worker,
-                                network_interfaces, record_reads, env)
+                                network_interfaces, args, env)
 
 
 def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log_dir: str | Path | None,
                      cpus_per_worker: float, gpus_per_worker: float, network_interfaces: list[str] | None,
-                     record_reads: bool, env: dict[str, str] | None):
+                     elastic_args: tuple, env: dict[str, str] | None):
     from hvdsync.launch.local import job_run
 
     if not cfg.elastic.enabled:
@@ -426,7 +436,7 @@ def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log
         with job_run(cfg, "ray", resumed_run(cfg)) as job:
             try:
                 with lost_hosts(lost):
-                    results = run_elastic(worker.fit_elastic, (cfg.to_dict(), record_reads), cfg.elastic, run_dir,
+                    results = run_elastic(worker.fit_elastic, elastic_args, cfg.elastic, run_dir,
                                           address=address, cpus_per_worker=cpus_per_worker,
                                           gpus_per_worker=gpus_per_worker, sync=cfg.sync, quiet=quiet,
                                           progress=progress, network_interfaces=network_interfaces, env=env)

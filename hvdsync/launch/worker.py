@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib
 import os
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 from hvdsync.config import Config
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
+from hvdsync.core.train.callbacks import Callback
+from hvdsync.fitting import with_ledger
 from hvdsync.launch.workers import STACKS_SIGNAL
 
 # The adapter module for each framework name (a registry, not a branch per framework).
@@ -100,18 +103,32 @@ def _link_counters() -> dict[str, int]:
     return {"sent": counters.bytes_sent, "received": counters.bytes_recv} if counters else {}
 
 
-def fit_elastic(cfg_dict: dict, record_reads: bool) -> dict:
-    """Runs in each worker: the adapter's ``fit_elastic``, with a
-    :class:`~hvdsync.core.elastic.ledger.SampleLedger` when the launcher was asked to ``record_reads``; a Python error
-    becomes a traceback file and exit 0."""
+def fit_elastic_args(cfg: Config, callbacks: Sequence[Callback] = (), record_reads: bool = False,
+                     call: str = "train") -> tuple[dict, tuple[Callback, ...]]:
+    """The arguments the elastic launchers ship to every worker's :func:`fit_elastic`: the config as a dict and
+    ``callbacks`` as given. They travel cloudpickled with the job (:func:`entry`), so each worker trains with its
+    own copy of each callback, which must pickle (a :class:`~hvdsync.core.elastic.ledger.SampleLedger` does).
+
+    ``record_reads=True`` is the launchers' deprecated spelling of ``callbacks=[SampleLedger()]`` (until 0.3.0): it
+    warns, naming ``call`` (the launcher), as :func:`hvdsync.fitting.with_ledger` says, and adds a ledger.
+
+    Example:
+        >>> fit_elastic_args(cfg, [SampleLedger()])  # doctest: +SKIP
+        ({'sync': ..., ...}, (<SampleLedger>,))
+    """
+    # stacklevel 3: the warning points at the user's call of the launcher, which called this.
+    return cfg.to_dict(), tuple(with_ledger(callbacks, record_reads, call, stacklevel=3))
+
+
+def fit_elastic(cfg_dict: dict, callbacks: Sequence[Callback] = ()) -> dict:
+    """Runs in each worker: the adapter's ``fit_elastic`` with the launcher's ``callbacks`` (this worker's copies,
+    see :func:`fit_elastic_args`); a Python error becomes a traceback file and exit 0."""
     run_dir, host = Path(os.environ[RUN_DIR_ENV]), os.environ.get("HOROVOD_HOSTNAME", "localhost")
     (run_dir / "pids").mkdir(exist_ok=True)
     (run_dir / "pids" / f"{host}.pid").write_text(str(os.getpid()))
     try:
         cfg = Config.from_dict(cfg_dict)
-        from hvdsync.core.elastic.ledger import SampleLedger
-
-        result = adapter(cfg).fit_elastic(cfg, callbacks=[SampleLedger()] if record_reads else []).to_dict()
+        result = adapter(cfg).fit_elastic(cfg, callbacks=list(callbacks)).to_dict()
         # Horovod's run_task files the result under HOROVOD_RANK, the rank this process *started* with; after a
         # reset the ranks are reassigned, and the launcher reads rank 0's key: file it under the rank it has now.
         os.environ["HOROVOD_RANK"] = str(result["rank"])

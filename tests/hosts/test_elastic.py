@@ -13,7 +13,7 @@ The story is one tracked job: node2 holds rank 0 when it is lost (its MLflow sen
 continues the killed job's run, so the store ends with one run, FINISHED, each epoch once. A Keras job across two
 hosts loses rank 0's host too (the last test).
 
-The read log and the timeline (``record_reads``) are user objects of the committed state, so they are rolled back
+The read log and the timeline (a ``SampleLedger`` handed to the launcher) are user objects of the committed state, so they are rolled back
 with the model and travel in the checkpoints: the final result accounts for every committed step of the whole
 story, before and after the kill. Recovery and grow times are measured from the moment of the loss and of the
 return to the first step the new world completed, and printed (``-s``).
@@ -54,12 +54,13 @@ DRIVER = """
 import json, sys
 from hvdlab import faults
 from hvdsync.config import Config
+from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.launch import elastic
 spec = json.loads(sys.argv[1])
 with faults.armed(spec["faults"]):
     result = elastic.train(faults.enable(Config.from_dict(spec["config"])), log_dir=spec["run_dir"],
-                           record_reads=True, progress=False, hosts=spec["hosts"], ssh_port=spec["ssh_port"],
-                           ssh_identity_file=spec["key"], network_interfaces=["hv0"])
+                           callbacks=[SampleLedger()], progress=False, hosts=spec["hosts"],
+                           ssh_port=spec["ssh_port"], ssh_identity_file=spec["key"], network_interfaces=["hv0"])
 with open(spec["out"], "w") as f:
     json.dump(result.to_dict(), f)
 """

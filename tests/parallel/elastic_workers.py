@@ -18,6 +18,7 @@ from pathlib import Path
 from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
+from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.launch.local import WorkerError
 
 HOSTS = elastic_launch.local_hosts()
@@ -87,7 +88,7 @@ def shrink_and_grow(framework: str, run_dir: Path, **sections):
     seen = _in_background(grow)
     with faults.armed(f"slow@30,kill@6:{HOSTS[1]}"):
         result = elastic_launch.train(faults.enable(config(framework, **sections)), log_dir=run_dir,
-                                      record_reads=True, hosts=HOSTS[:2])
+                                      callbacks=[SampleLedger()], hosts=HOSTS[:2])
     assert seen.get("done"), seen
     return result
 

@@ -70,7 +70,12 @@ def main(spec: dict) -> dict:
     start = time.monotonic()
     options = {k: spec[k] for k in ("address", "cpus_per_worker", "network_interfaces") if k in spec}
     if spec["job"] == "train":
-        extra = {k: spec[k] for k in ("log_dir", "record_reads") if k in spec}
+        extra = {k: spec[k] for k in ("log_dir",) if k in spec}
+        if spec.get("ledger"):
+            # Each worker counts the samples it trained on (its own copy of the ledger, shipped with the job).
+            from hvdsync.core.elastic.ledger import SampleLedger
+
+            extra["callbacks"] = [SampleLedger()]
         cfg = Config.from_dict(spec["config"])
         if "faults" in spec:
             # The lab's fault callback (hvdlab.faults), armed in the workers: Ray's actors do not inherit this

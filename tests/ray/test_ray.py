@@ -118,7 +118,7 @@ def story(ray_cluster, tmp_path_factory):
               "elastic": {"enabled": True, "min_np": 1, "max_np": 2, "commit_every": 2, "timeout_s": 60,
                           "cooldown_min_s": 3, "cooldown_max_s": 6, "keep": 200, "checkpoint_dir": str(ckpt)}}
     spec = {"job": "train", "config": config, "address": ray_cluster.address, "cpus_per_worker": 2,
-            "log_dir": str(run_dir), "record_reads": True, "faults": "slow@150"}
+            "log_dir": str(run_dir), "ledger": True, "faults": "slow@150"}
     seen: dict = {}
     driver_log = tmp / "driver.log"
     start = time.time()
