@@ -193,9 +193,14 @@ class GroupedOptimizer(LocalOptimizerView):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         # A step given up before step() (an exception, an elastic reset): its in-place reductions must finish before
-        # the gradients they write into are cleared; their results are dropped with the gradients.
+        # the gradients they write into are cleared; their results are dropped with the gradients. After an elastic
+        # reset Horovod was shut down and started again: its old handles are gone (ValueError), and so are the
+        # reductions that would have written.
         for handle, _, _ in self._pending.values():
-            wait(handle)
+            try:
+                wait(handle)
+            except (ValueError, hvd.HorovodInternalError):
+                pass
         self._reset_step()
         self._reduced = False
         self.optimizer.zero_grad(set_to_none=set_to_none)
