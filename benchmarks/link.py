@@ -56,9 +56,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compression import configs  # noqa: E402 - the same models and codecs as the loopback suite
 
+from hvdlab import costmodel  # noqa: E402
 from hvdlab.bench import link_ddp, link_encode, link_fair, link_probe, suite  # noqa: E402
-from hvdlab.bench.link_report import (accuracy_summary, aggregate, bad_rates, ddp_row, rate_bits, scaling_row,  # noqa: E402
-                                      summarise, table, versus_ddp)
+from hvdlab.bench.link_report import (accuracy_summary, aggregate, bad_rates, costmodel_fit, ddp_row,  # noqa: E402
+                                      rate_bits, scaling_row, summarise, table, versus_ddp)
 from hvdsync.core.train.seeding import threads_per_worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +77,9 @@ SUBNET = "10.77.3"  # not the test suite's 10.77.1: a sweep never collides with 
 TEST_SET = {"synthetic_samples": 4096, "test_fraction": 0.625}
 MIN_SEEDS = 5          # an accuracy claim rests on at least this many seeds
 BUS_BYTES = 16 << 20   # the all-reduce whose bus bandwidth is set against the link's rate
+# The all-reduces over the link that the cost model's alpha and beta are fitted to, at every rate and framework: a
+# small one (where the fixed costs show) and the bus's (where the bytes do).
+FIT_BYTES = (1 << 20, BUS_BYTES)
 
 
 def build(framework: str, runs: list[str], quick: bool, spread: float = SPREAD) -> list:
@@ -112,12 +116,16 @@ def probe(argv: list[str]) -> int:
     cfg = Config.from_dict(spec["configs"][0])
     data, train = cfg.data, cfg.train
     shapes = link_encode.mlp_shapes(train.framework, data.synthetic_features, train.hidden)
-    by_rank = launch.run(link_fair.probe_workers, args=(cfg.to_dict(), spec["encode"], shapes, spec["bus_bytes"]),
+    by_rank = launch.run(link_fair.probe_workers, args=(cfg.to_dict(), spec["encode"], shapes, spec["bus_bytes"],
+                                                        FIT_BYTES),
                          np=train.np, sync=cfg.sync, progress=False, **_where(spec))
     # The slowest rank sets the step.
     print("RESULT " + json.dumps({"encode": {c: max(r["encode"][c] for r in by_rank) for c in spec["encode"]},
                                   "call": max(r["call"] for r in by_rank),
                                   "bus_s": max(r["bus_s"] for r in by_rank) if spec["bus_bytes"] else None,
+                                  "allreduce_s": {b: max(r["allreduce_s"][b] for r in by_rank)
+                                                  for b in by_rank[0]["allreduce_s"]},
+                                  "gamma": max(r["gamma"] for r in by_rank),
                                   "placement": [r["placement"] for r in by_rank]}), flush=True)
     return 0
 
@@ -148,7 +156,12 @@ def ddp(argv: list[str]) -> int:
                        threads_per_worker(1), seed=spec["seed"], probe=spec["probe"])
     if spec["rank"] == 0:
         print("RESULT " + json.dumps(out), flush=True)
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Both ranks are done (the process group was destroyed after the last run); torch 2.13's Gloo threads have
+    # aborted the interpreter's own teardown now and then ("terminate called without an active exception", after
+    # rank 0 had reported), which failed a whole sweep for nothing: leave without it.
+    os._exit(0)
 
 
 def _result(out: subprocess.CompletedProcess, what: str):
@@ -206,6 +219,15 @@ def sweep_point(cluster, k: int, rate: str, bps: float, framework: str, runs: li
                                       "link_MBps": bps / 1e6}
     encode, call = pre["encode"], pre["call"]
     out.setdefault("call_ms", {})[f"{rate} {framework}"] = 1e3 * call
+    # The cost model's link at this rate, fitted over it: alpha and beta to the all-reduces timed just now, after
+    # the measured Horovod call and the measured reduction (gamma) are taken off.
+    sizes = sorted(pre["allreduce_s"], key=int)
+    fitted = costmodel.fit_link([int(b) for b in sizes], [pre["allreduce_s"][b] for b in sizes], 2,
+                                gamma=pre["gamma"], name=f"{rate} {framework}", call=call)
+    out.setdefault("link_fit", {})[f"{rate} {framework}"] = {
+        "alpha_us": 1e6 * fitted.alpha, "beta_MBps": 1e-6 / fitted.beta if fitted.beta else None,
+        "gamma_ps_per_byte": 1e12 * fitted.gamma, "call_ms": 1e3 * call,
+        "allreduce_ms": {b: 1e3 * pre["allreduce_s"][b] for b in sizes}}
     timed: dict[str, list[dict]] = {c: [] for c in contenders}
     n_test = test_samples(cfgs[0])
     for repeat, who in link_fair.schedule(list(contenders), args.repeats):
@@ -219,7 +241,7 @@ def sweep_point(cluster, k: int, rate: str, bps: float, framework: str, runs: li
             got = _result(cluster.run("node1", [sys.executable, __file__, "job", json.dumps(spec)], cwd=ROOT,
                                       env=env), f"the job at {rate} ({framework})")
             rows = [summarise(r, rate, bps, encode.get(r["config"]["sync"]["compression"], 0.0)
-                              if r["config"]["sync"]["mode"] == "allreduce" else 0.0, call_s=call)
+                              if r["config"]["sync"]["mode"] == "allreduce" else 0.0, call_s=call, link=fitted)
                     for r in got["results"]]
         for r in rows:
             r.update(repeat=repeat, seed=seed, test_samples=n_test)
@@ -326,6 +348,17 @@ def report(out: dict, load, start: float, notes: set[str]) -> None:
             print(f"{v['rate']:<8} hvdsync {v['hvdsync']:<11} / {v['ddp']:<15} step time {v['ratio']:.2f}x "
                   f"[{v['spread'][0]:.2f}, {v['spread'][1]:.2f}] over {v['repeats']} repeats (target <= 1.0), "
                   f"accuracy {v['accuracy_delta']:+.4f}")
+        for key, f in out.get("link_fit", {}).items():
+            sizes = ", ".join(f"{int(b) / 2**20:g} MiB {ms:.1f} ms" for b, ms in f["allreduce_ms"].items())
+            beta = "-" if f["beta_MBps"] is None else f"1 / ({f['beta_MBps']:,.0f} MB/s)"
+            print(f"cost model's link fitted at {key}: all-reduces {sizes}; call {f['call_ms']:.2f} ms + "
+                  f"alpha {f['alpha_us']:.0f} us per message, beta {beta}, gamma {f['gamma_ps_per_byte']:.0f} ps/byte")
+        out["costmodel"] = costmodel_fit(out["rows"])
+        for c in out["costmodel"]:
+            outside = "; outside: " + ", ".join(f"{o['run']} {o['ratio']:.2f}" for o in c["outside"]) \
+                if c["outside"] else ""
+            print(f"cost model {c['rate']:<8} {c['framework']:<10} predicted / measured within {c['low']}-{c['high']}"
+                  f"x for {c['within']} of {c['configs']} configurations ({c['share']:.0%}; target >= 90%){outside}")
         out["accuracy"] = accuracy_summary(out["runs"])
         for a in out["accuracy"]:
             sd = "-" if a["sd"] is None else f"{a['sd']:.4f}"

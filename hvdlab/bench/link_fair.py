@@ -139,11 +139,14 @@ def allreduce_seconds(hvd, nbytes: int, repeats: int = 5) -> float:
 
 
 # ---- run inside hvdsync's Horovod workers (hvdsync.launch.run) --------------------------------------------------
-def probe_workers(cfg_dict: dict, specs: list[str], shapes: list[tuple[int, ...]], bus_bytes: int) -> dict:
+def probe_workers(cfg_dict: dict, specs: list[str], shapes: list[tuple[int, ...]], bus_bytes: int,
+                  fit_bytes: tuple[int, ...] = ()) -> dict:
     """Before anything is timed, on every worker of hvdsync's job, started as its training is: hvdsync's own
     ``init`` (Horovod, the intra-op threads per worker), then each codec's encoding and one Horovod call
-    (:func:`hvdlab.bench.link_encode.on_workers`), then a ``bus_bytes`` all-reduce (0: none), then where this
-    worker ran (:func:`placement`)."""
+    (:func:`hvdlab.bench.link_encode.on_workers`), then a ``bus_bytes`` all-reduce (0: none), an all-reduce of each
+    of ``fit_bytes`` (``allreduce_s``, by size: the cost model's alpha and beta are fitted to them) and this core's
+    float32 add (``gamma``, seconds per byte: the reduction's term), then where this worker ran
+    (:func:`placement`)."""
     import importlib
 
     from hvdlab.bench import link_encode
@@ -156,6 +159,11 @@ def probe_workers(cfg_dict: dict, specs: list[str], shapes: list[tuple[int, ...]
     out = link_encode.on_workers(framework, specs, [tuple(s) for s in shapes])
     hvd = importlib.import_module(f"horovod.{framework}")
     out["bus_s"] = allreduce_seconds(hvd, bus_bytes) if bus_bytes else None
+    out["allreduce_s"] = {str(b): allreduce_seconds(hvd, b) for b in fit_bytes}
+    if fit_bytes:
+        from hvdlab import hardware
+
+        out["gamma"] = hardware.memory_bandwidth(max(fit_bytes), repeats=3)["gamma"]
     out["placement"] = placement(framework)
     return out
 

@@ -164,3 +164,43 @@ def test_ddp_powersgd_is_primed_to_compress_from_the_first_training_step():
 
     out = subprocess.run([sys.executable, "-c", _PRIMED], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "primed", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def _hvdsync_result(step_s, sync_share, wire_bytes, steps=10, compression="none"):
+    """What hvdsync's job returns for one run, as summarise reads it: a step and its sync share, the wire."""
+    return {"history": [{"step_seconds_max_rank": 9.0}, {"step_seconds_max_rank": step_s}],
+            "phase_seconds": {"compute": 1 - sync_share, "sync_wait": sync_share}, "optimizer_steps": steps,
+            "wire": {"bytes": wire_bytes * steps}, "link_bytes": {"sent": wire_bytes * steps},
+            "config": {"sync": {"mode": "allreduce", "compression": compression}, "train": {"framework": "torch"}},
+            "numel": 100, "test_accuracy": 0.8, "param_spread": 0.0}
+
+
+def test_the_cost_model_predicts_from_the_link_fitted_over_it_with_call_messages_bytes_and_reduction():
+    from hvdlab import costmodel
+    from hvdlab.bench.link_report import summarise
+
+    # A link fitted to two all-reduces that the model reproduces exactly: alpha 50 us, 100 MB/s, gamma 0.1 ns/B.
+    truth = costmodel.Link(50e-6, 1e-8, 1e-10, call=2e-3)
+    sizes = [1 << 20, 16 << 20]
+    fitted = costmodel.fit_link(sizes, [truth.call + costmodel.ring_time(s, 2, truth) for s in sizes], 2,
+                                gamma=truth.gamma, call=truth.call)
+    assert fitted.alpha == pytest.approx(50e-6, rel=1e-6) and fitted.beta == pytest.approx(1e-8, rel=1e-6)
+    wire = 8e6
+    row = summarise(_hvdsync_result(0.2, 0.5, wire, compression="fp16"), "1gbit", 1.25e8, 0.003, link=fitted)
+    # compute (half the 0.2 s step) + the codec + one call + the ring's 2 messages + the bytes + half of them added
+    expected = 0.1 + 0.003 + 2e-3 + 2 * 50e-6 + wire * 1e-8 + wire / 2 * 1e-10
+    assert row["predicted_ms"] == pytest.approx(1e3 * expected)
+    # PowerSGD's two rounds a step pay the call and the ring's messages twice, the bytes once.
+    two = summarise(_hvdsync_result(0.2, 0.5, wire, compression="powersgd:2"), "1gbit", 1.25e8, 0.003, link=fitted)
+    assert two["predicted_ms"] - row["predicted_ms"] == pytest.approx(1e3 * (2e-3 + 2 * 50e-6))
+
+
+def test_the_cost_model_summary_counts_configurations_within_the_band_and_names_the_others():
+    from hvdlab.bench.link_report import costmodel_fit
+
+    rows = [{"rate": "1gbit", "framework": "torch", "compression": c, "step_ms": 100.0, "predicted_ms": p}
+            for c, p in (("none", 101.0), ("fp16", 79.0), ("powersgd:2", 125.0))]
+    rows.append({"rate": "1gbit", "framework": "torch", "compression": "ddp", "step_ms": 90.0, "predicted_ms": None})
+    (c,) = costmodel_fit(rows)
+    assert (c["configs"], c["within"]) == (3, 2) and c["share"] == pytest.approx(2 / 3)
+    assert c["outside"] == [{"run": "fp16", "ratio": pytest.approx(0.79)}]
