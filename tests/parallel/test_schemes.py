@@ -12,9 +12,9 @@ import pytest
 from hvdsync import launch
 from hvdsync.config import SyncConfig
 from hvdsync.core.telemetry import timeline
-from hvdsync.core.comm.schemes import gossip, ps
+from hvdsync.core.comm.schemes import gossip
 from hvdlab.torch import overlap
-from tests.parallel import schemes_workers
+from tests.parallel import ps_checks, schemes_workers
 
 cloudpickle.register_pickle_by_value(schemes_workers)
 
@@ -26,50 +26,16 @@ def checks():
     return results
 
 
-def _max_diff(a, b):
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-
-
 def test_sharded_and_single_parameter_servers_reach_the_ring_parameters(checks):
-    runs = checks[0]["runs"]
-    ring = runs["allreduce"]["params"]
-    assert runs["allreduce"]["accuracy"] > 0.85                     # it trained
-    for name in ("ps_sharded", "ps_single"):
-        assert runs[name]["steps"] == runs["allreduce"]["steps"] > 40
-        assert _max_diff(runs[name]["params"], ring) < 1e-5, name
-        assert runs[name]["spread"] == 0.0                          # every rank pulled the same parameters
-    assert 1e-6 < _max_diff(runs["ps_fp16"]["params"], ring) < 5e-2  # fp16 pushes: close, not equal
-    assert runs["ps_fp16"]["wire"]["dtypes"] == ["float16"]
+    ps_checks.reach_the_ring(checks[0]["runs"])
 
 
 def test_bytes_through_rank_0_single_server_vs_sharded_vs_ring_counted(checks):
-    runs = [r["runs"] for r in checks]
-    steps = runs[0]["allreduce"]["steps"]
-    payload = runs[0]["allreduce"]["wire"]["bytes"] / steps        # gradient bytes one rank hands over per step
-    assert runs[0]["ps_sharded"]["wire"]["bytes"] == runs[0]["allreduce"]["wire"]["bytes"]
-    single0, single1 = runs[0]["ps_single"]["traffic"], runs[1]["ps_single"]["traffic"]
-    # The server receives W-1 gradients per step and sends W-1 copies of the parameters; a worker one of each.
-    assert single0["received"] == single0["sent"] == (2 - 1) * payload * steps
-    assert single1["received"] == single1["sent"] == payload * steps
-    # Sharded: each rank sends (W-1)/W of the push and of the pull: 2 (W-1)/W S per step, the ring's law.
-    for r in runs:
-        assert r["ps_sharded"]["traffic"]["sent"] == pytest.approx(2 * (2 - 1) / 2 * payload * steps, rel=0.01)
-    # With W = 2 the single server moves 1x (= W - 1) a sharded rank's bytes; the W = 4, 8 ratios are in the
-    # numpy tests (tests/unit/test_schemes.py), counted the same way (hvdsync.core.comm.schemes.ps.traffic).
-    assert single0["sent"] + single0["received"] == pytest.approx(
-        (2 - 1) * (runs[0]["ps_sharded"]["traffic"]["sent"] + runs[0]["ps_sharded"]["traffic"]["received"]), rel=0.01)
+    ps_checks.bytes_counted([r["runs"] for r in checks])
 
 
 def test_one_round_of_each_mode_equals_the_numpy_simulation_at_two_ranks(checks):
-    for key, servers in (("ps0", 0), ("ps1", 1)):
-        rounds = [r["rounds"][key] for r in checks]
-        expected, traffic = ps.ps_round([r["grad"] for r in rounds], rounds[0]["start"], servers,
-                                        lambda _s, p, g: p - 0.5 * g)
-        for rank, r in enumerate(rounds):
-            np.testing.assert_allclose(r["after"], expected[rank], atol=1e-5)
-            # float32 on the wire: the counted bytes are the simulation's for 18 float32 elements
-            assert r["traffic"]["sent"] == ps.traffic(18, 4, 2, servers).sent[rank]
-            assert r["traffic"]["received"] == ps.traffic(18, 4, 2, servers).received[rank]
+    ps_checks.rounds_match_the_simulation(checks)
     rounds = [r["rounds"]["gossip0"] for r in checks]
     mixed = gossip.mix([r["start"] for r in rounds])
     for rank, r in enumerate(rounds):
