@@ -126,9 +126,10 @@ class GroupedOptimizer(LocalOptimizerView):
         self._skip = False
         self._reduced = False
         self._reset_step()
-        if hvd.size() > 1:
-            for p in self.parameters:
-                _own_hook(p, self._ready)
+        # Hooked whatever the world size (Horovod may not even be started yet when the optimizer is built); a
+        # single rank has nothing to reduce and the hook returns at once.
+        for p in self.parameters:
+            _own_hook(p, self._ready)
 
     def _reset_step(self) -> None:
         self._passes = {id(p): 0 for p in self.parameters}
@@ -137,6 +138,8 @@ class GroupedOptimizer(LocalOptimizerView):
 
     def _ready(self, p: torch.Tensor) -> None:
         """Autograd's hook: ``p.grad`` holds this pass's sum; on a step's last pass, count it into its bucket."""
+        if hvd.size() == 1:
+            return
         key = id(p)
         self._passes[key] += 1
         i = self._bucket_of[key]
