@@ -64,6 +64,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
+from hvdsync.core.telemetry.monitor import StepSpread
 from hvdsync.core.train.precision import format_facts
 
 facts = format_facts()
@@ -112,7 +113,7 @@ start = time.perf_counter()
 # The fourth run also sends its gradients as float16 (`sync.compression: fp16`), for §3.
 runs = launch.train_many([base.replace(train={"precision": p}) for p in ("fp32", "fp16", "bf16")]
                          + [base.replace(train={"precision": "fp16"}, sync={"compression": "fp16"})],
-                         check_every_step=True)
+                         callbacks=[StepSpread()])   # every rank's parameters compared after every step
 print(f"{len(runs)} trainings in {time.perf_counter() - start:.0f} s")
 for r in runs:
     print(f"{r['config']['train']['precision']} (wire {r['config']['sync']['compression']}): test accuracy "

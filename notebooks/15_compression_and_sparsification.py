@@ -62,6 +62,7 @@ import numpy as np
 from hvdsync import launch
 from hvdsync.config import Config
 from hvdsync.core.comm.codecs import CodecState, get_codec
+from hvdsync.core.telemetry.monitor import StepSpread
 from hvdlab.codecs_numpy import NumpyOps, simulate
 
 base = Config.from_dict({"train": {"np": 2, "epochs": 6, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5},
@@ -116,7 +117,7 @@ mom_cfgs = [mom.replace(sync={"compression": "none"}),
             mom.replace(sync={"compression": "topk:0.01", "momentum_correction": True}),
             mom.replace(sync={"compression": "topk:0.01", "momentum_correction": False})]
 start = time.perf_counter()
-everything = launch.train_many(cfgs + mom_cfgs, check_every_step=True)
+everything = launch.train_many(cfgs + mom_cfgs, callbacks=[StepSpread()])   # ranks compared after every step
 results, mom_runs = everything[:len(cfgs)], everything[len(cfgs):]
 print(f"{len(everything)} trainings on 2 workers in {time.perf_counter() - start:.0f} s (start-up included)")
 

@@ -17,8 +17,9 @@ import signal
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry import jobrun
@@ -268,16 +269,19 @@ def job_run(cfg: Config, launcher: str, continue_run: str | None = None) -> Iter
 
 
 def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool = True,
-               log_dir: str | Path | None = None, **where: Any) -> list[dict]:
+               log_dir: str | Path | None = None, callbacks: Sequence = (), **where: Any) -> list[dict]:
     """Train several configs one after the other in *one* job of workers (one Horovod start-up for all); returns
     rank 0's result of each, as :meth:`FitResult.to_dict` plus ``numel``, ``wire_bytes_per_step_formula`` (what
     the codec's formula says one rank hands to Horovod per step), ``skipped_steps`` (mixed precision) and
-    ``step_spread_max`` (with ``check_every_step``: the largest difference between the ranks' parameter
-    fingerprints after any step; 0.0 means identical after every step) and ``link_bytes`` (what rank 0's host sent
+    ``step_spread_max`` (with ``callbacks=[StepSpread()]``, :class:`hvdsync.core.telemetry.monitor.StepSpread`: the
+    largest difference between the ranks' parameter fingerprints after any step; 0.0 means identical after every
+    step; None without it) and ``link_bytes`` (what rank 0's host sent
     and received on the job's network interface during that config's training, from the interface's counters, where
     ``network_interfaces`` names one). ``where``: the hosts, as :func:`train`.
 
     All configs must ask for the same ``train.np`` and the same Horovod knobs (the workers are started once).
+    ``callbacks`` run in every config's training, a fresh copy each, and what their ``report()`` returns joins its
+    result. ``check_every_step=True`` is deprecated (until 0.3.0): it adds a ``StepSpread``.
 
     Example:
         >>> base = Config.from_dict({"train": {"epochs": 3}, "tracking": {"enabled": False}})
@@ -292,6 +296,13 @@ def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool =
         if cfg.train.np != first.train.np or cfg.sync.horovod_env() != first.sync.horovod_env():
             raise ConfigError("train_many: every config must use the same train.np and Horovod knobs "
                               "(sync.fusion_threshold_mb, sync.cycle_time_ms, sync.cache_capacity)")
-    results = run(worker.fit_many, args=([c.to_dict() for c in cfgs], check_every_step), np=first.train.np,
+    if check_every_step:
+        from hvdsync.core.telemetry.monitor import StepSpread
+
+        warnings.warn("train_many(check_every_step=True) is deprecated since hvdsync 0.2.0 and goes in 0.3.0: pass "
+                      "callbacks=[StepSpread()] (hvdsync.core.telemetry.monitor.StepSpread)", DeprecationWarning,
+                      stacklevel=2)
+        callbacks = [*callbacks, StepSpread()]
+    results = run(worker.fit_many, args=([c.to_dict() for c in cfgs], tuple(callbacks)), np=first.train.np,
                   sync=first.sync, quiet=quiet, progress=False, log_dir=log_dir, **where)
     return results[0]

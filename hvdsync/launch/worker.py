@@ -51,11 +51,14 @@ def fit(cfg_dict: dict) -> dict:
     return adapter(cfg).fit(cfg).to_dict()
 
 
-def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict]:
-    """Inside a worker: train every config in turn (one Horovod start-up for all); see :func:`hvdsync.launch.train_many`."""
+def fit_many(cfg_dicts: list[dict], callbacks: Sequence = ()) -> list[dict]:
+    """Inside a worker: train every config in turn (one Horovod start-up for all), each with its own copy of
+    ``callbacks`` (what each :meth:`~hvdsync.core.train.callbacks.Callback.report` returns joins that config's
+    result); see :func:`hvdsync.launch.train_many`."""
+    import copy
+
     from hvdsync import datasets
     from hvdsync.core.comm.codecs import get_codec
-    from hvdsync.core.telemetry import monitor
     from hvdsync.fitting import fit_loop
     from hvdsync.registry import make_callbacks
 
@@ -66,26 +69,18 @@ def fit_many(cfg_dicts: list[dict], check_every_step: bool = False) -> list[dict
         framework.init(cfg)
         data = datasets.load(cfg.data, cfg.train.seed)
         backend = framework.build(cfg, data)
-        spreads: list[float] = []
-        if check_every_step:
-            step = backend.train_step
-
-            def checked_step(micro, scale, step=step, backend=backend, spreads=spreads):
-                loss = step(micro, scale)
-                # Every rank's parameter fingerprint after the step: any difference is a divergence.
-                spreads.append(monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters()))))
-                return loss
-
-            backend.train_step = checked_step
+        own = copy.deepcopy(list(callbacks))   # a fresh one per config: no state carried from the last
         before = _link_counters()
-        result = fit_loop(cfg, backend, data, callbacks=make_callbacks(cfg)).to_dict()
+        result = fit_loop(cfg, backend, data, callbacks=[*make_callbacks(cfg), *own]).to_dict()
         after = _link_counters()
         result["link_bytes"] = {k: after[k] - before[k] for k in after} if after else None
         codec = get_codec(cfg.sync.compression)
         params = backend.parameters()
         result["numel"] = int(sum(p.size for p in params))
         result["wire_bytes_per_step_formula"] = int(sum(codec.wire_bytes(p.shape, p.itemsize) for p in params))
-        result["step_spread_max"] = max(spreads) if spreads else None
+        result["step_spread_max"] = None
+        for c in own:
+            result.update(c.report())
         precision = getattr(backend, "precision", None)
         result["skipped_steps"] = getattr(precision, "skipped_steps", 0)
         result["config"] = cfg.to_dict()

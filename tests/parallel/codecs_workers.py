@@ -108,7 +108,8 @@ def configs(framework: str) -> list[dict]:
 def all_checks(framework: str) -> dict:
     """One worker job per framework: every codec trains digits (ranks compared after every step), then the
     forced-overflow and accumulation checks."""
+    from hvdsync.core.telemetry.monitor import StepSpread
     from hvdsync.launch.worker import fit_many
 
-    return {"runs": fit_many(configs(framework), check_every_step=True), "overflow": overflow_checks(framework),
+    return {"runs": fit_many(configs(framework), callbacks=[StepSpread()]), "overflow": overflow_checks(framework),
             "accumulate": accumulate_checks(framework)}

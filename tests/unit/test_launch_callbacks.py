@@ -170,3 +170,55 @@ def test_each_worker_gets_its_own_copy_and_hands_it_to_the_adapter(shipped_elast
     assert isinstance(a, list) and [type(c) for c in a] == [SampleLedger, _Counter]
     assert a[1].label == "mine" and a[1].steps == 3                       # the state travelled with it
     assert all(x is not y for x, y in zip(a, b)) and a[1] is not counter  # one copy per worker, not the driver's
+
+
+def test_train_many_ships_callbacks_and_its_deprecated_check_every_step_adds_a_step_spread(monkeypatch):
+    from hvdsync.core.telemetry.monitor import StepSpread
+    from hvdsync.launch import local
+
+    handed = {}
+
+    def fake_run(fn, args=(), **kwargs):
+        handed["fn"], handed["args"] = fn, cloudpickle.loads(cloudpickle.dumps(args))
+        return [["rank 0's results"]]
+
+    monkeypatch.setattr(local, "run", fake_run)
+    cfg = Config.from_dict({"train": {"np": 2}, "tracking": {"enabled": False}})
+    counter = _Counter("mine")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # callbacks= warns about nothing
+        assert local.train_many([cfg], callbacks=[counter]) == ["rank 0's results"]
+    assert handed["fn"] is worker.fit_many
+    (shipped,) = handed["args"][1]
+    assert isinstance(shipped, _Counter) and shipped.label == "mine" and shipped is not counter
+    with pytest.warns(DeprecationWarning, match=r"check_every_step=True\) is deprecated .*callbacks=\[StepSpread\(\)\]"):
+        local.train_many([cfg], check_every_step=True, callbacks=[counter])
+    kinds = [type(c) for c in handed["args"][1]]
+    assert kinds == [_Counter, StepSpread]
+
+
+def test_a_step_spread_reports_the_largest_difference_between_the_ranks_fingerprints():
+    import numpy as np
+
+    from hvdsync.core.telemetry.monitor import StepSpread, fingerprint
+
+    class Backend:   # two ranks' all-gathered fingerprints: equal after the first step, apart after the second
+        def __init__(self):
+            self.rows = iter([[0.0, 0.0], [0.0, 0.5]])
+
+        def parameters(self):
+            return [np.ones(3, dtype=np.float32)]
+
+        def allgather(self, values):
+            row = next(self.rows)
+            return np.stack([np.asarray(values) + row[0], np.asarray(values) + row[1]])
+
+    class Ctx:
+        backend = Backend()
+
+    check = StepSpread()
+    assert check.report() == {"step_spread_max": None}
+    check.on_step_end(Ctx)
+    check.on_step_end(Ctx)
+    assert check.spreads == [0.0, 0.5] and check.report() == {"step_spread_max": 0.5}
+    assert fingerprint([np.ones(3)]).shape == (3,)

@@ -20,6 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
+from hvdsync.core.train.callbacks import Callback
+
 
 # Checks whose working times are summed for the straggler ratio.
 WINDOW = 5
@@ -136,3 +138,28 @@ class Alarms:
 def warn_line(message: str, category: type[Warning]) -> None:
     """One warning line, ``hvdsync:0: <Category>: <message>`` (no source line under it: it would be noise)."""
     warnings.warn_explicit(message, category, filename="hvdsync", lineno=0, module="hvdsync", registry={})
+
+
+class StepSpread(Callback):
+    """A callback that checks after every step that every rank holds the same parameters: the ranks all-gather
+    their :func:`fingerprint` and :attr:`spreads` keeps the :func:`spread` of each step (0.0: identical). One small
+    all-gather a step, on every rank; where a job should only be watched, ``monitor.every`` does it more cheaply.
+    Its :meth:`report` is ``step_spread_max``: the largest spread after any step (None before a step).
+
+    Example:
+        >>> results = hvdsync.launch.train_many(cfgs, callbacks=[StepSpread()])   # doctest: +SKIP
+        >>> assert all(r["step_spread_max"] == 0.0 for r in results)             # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self.spreads: list[float] = []
+
+    def on_step_end(self, ctx) -> None:
+        self.spreads.append(spread(ctx.backend.allgather(fingerprint(ctx.backend.parameters()))))
+
+    @property
+    def max(self) -> float | None:
+        return max(self.spreads) if self.spreads else None
+
+    def report(self) -> dict:
+        return {"step_spread_max": self.max}

@@ -44,6 +44,11 @@ class Callback:
 
     def on_train_end(self, ctx: TrainContext) -> None: ...
 
+    def report(self) -> dict:
+        """Plain values this callback adds to each result of :func:`hvdsync.launch.train_many` (and
+        ``hvdsync sweep``), after its training; nothing by default."""
+        return {}
+
 
 class _Callbacks(Callback):
     """Calls each hook of every callback in order."""
