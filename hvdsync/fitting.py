@@ -97,9 +97,11 @@ def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_
     """What every adapter's ``fit_elastic`` does: ``init(cfg)``, load the data, ``build`` the backend *without* a
     broadcast (no collective may run before the elastic loop: its first sync broadcasts), make the state
     (``make_state(model, optimizer, cfg, codec=...)``) and run :func:`elastic_fit` under ``run_elastic`` with
-    ``callbacks`` and those ``cfg`` names (``train.callbacks``).
+    ``callbacks`` and those ``cfg`` names (``train.callbacks``); returns this rank's
+    :class:`~hvdsync.core.elastic.loop.ElasticResult`.
 
-    ``record_reads=True`` is deprecated (it goes in 0.3.0): pass ``callbacks=[SampleLedger()]``
+    ``callbacks`` are made once per process and live on across resets, e.g. ``callbacks=[SampleLedger()]`` for the
+    result's ``reads`` and ``timeline``. ``record_reads=True`` is deprecated (it goes in 0.3.0): pass ``callbacks=[SampleLedger()]``
     (:class:`hvdsync.core.elastic.ledger.SampleLedger`)."""
     # stacklevel 3: the warning points at the user's call of the adapter's fit_elastic, which called this.
     callbacks = with_ledger(callbacks, record_reads, "fit_elastic", stacklevel=3)

@@ -158,12 +158,8 @@ def keras_fit(state: ElasticState, model: keras.Model, make_sampler: Callable, l
 
 
 def fit_elastic(cfg=None, data=None, record_reads: bool = False, *, callbacks: Sequence = ()):
-    """hvdsync's built-in Keras model trained elastically: returns this rank's
-    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job.
-
-    ``callbacks`` join the loop (made once per process, they live on across resets), e.g.
-    ``callbacks=[SampleLedger()]`` (:class:`~hvdsync.core.elastic.ledger.SampleLedger`) for the result's ``reads``
-    and ``timeline``; ``record_reads=True`` is its deprecated spelling (until 0.3.0)."""
+    """hvdsync's built-in Keras model trained elastically, in each worker of an elastic job:
+    :func:`hvdsync.fitting.fit_elastic_with` on TensorFlow (``callbacks``, the deprecated ``record_reads``)."""
     from hvdsync.tensorflow.runtime import init
     from hvdsync.tensorflow.train import build
 

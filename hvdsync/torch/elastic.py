@@ -143,12 +143,8 @@ def run_elastic(func: Callable, state: ElasticState) -> Any:
 
 
 def fit_elastic(cfg=None, data=None, record_reads: bool = False, *, callbacks: Sequence = ()):
-    """hvdsync's built-in model trained elastically (``hvdsync train --elastic``): returns this rank's
-    :class:`~hvdsync.core.elastic.loop.ElasticResult`. Runs in each worker of an elastic job.
-
-    ``callbacks`` join the loop (made once per process, they live on across resets), e.g.
-    ``callbacks=[SampleLedger()]`` (:class:`~hvdsync.core.elastic.ledger.SampleLedger`) for the result's ``reads``
-    and ``timeline``; ``record_reads=True`` is its deprecated spelling (until 0.3.0)."""
+    """hvdsync's built-in PyTorch model trained elastically (``hvdsync train --elastic``), in each worker of an
+    elastic job: :func:`hvdsync.fitting.fit_elastic_with` on torch (``callbacks``, the deprecated ``record_reads``)."""
     from hvdsync.torch.runtime import init
     from hvdsync.torch.train import build
 
