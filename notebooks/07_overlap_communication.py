@@ -42,7 +42,7 @@
 # to `HOROVOD_FUSION_THRESHOLD` bytes) and all-reduces it. Whatever finishes before backward does is **hidden**;
 # only the rest shows up as waiting (`sync_wait` in hvdsync's phase timers). hvdsync's PyTorch training uses these
 # hooks only for models whose gradients exceed `sync.grouped_mb` (25 MiB by default); smaller ones are all-reduced
-# in one grouped call after backward, with no overlap (section 3).
+# in a few grouped calls, DDP's buckets, each started when backward has produced its last gradient (section 3).
 #
 # We measure it with Horovod's own instrument, the **timeline** (`HOROVOD_TIMELINE`: a Chrome trace written by
 # rank 0 with, per tensor, negotiation, queueing, the fusion-buffer copies and the all-reduce), parsed by
@@ -318,9 +318,11 @@ for row in extras["hvdsync"]:
 default, hooks = extras["hvdsync"]
 assert default["gradient_mib"] <= 25 and default["grouped"], "a model under 25 MiB is grouped by default"
 assert not hooks["grouped"], "above sync.grouped_mb hvdsync keeps Horovod's hooks"
-# big_last's first bucket is the output layer's 4 kB bias (its 4 MiB weight is over 1 MiB: the next bucket), and the
-# second bucket, the rest, is complete only when backward ends: next to nothing can hide.
-assert default["hidden"] < 0.05, "the big bucket starts when backward ends: next to nothing hides"
+# big_last's first bucket is the output layer's 4 kB bias (its 4 MiB weight is over 1 MiB: the next bucket). It is
+# handed to Horovod during backward, and its span in the timeline, mostly a wait for the other rank to hand it over
+# too, counts as hidden. The second bucket, the other 12.6 MiB, is complete only when backward ends: less hides than
+# with the hooks, which hand each big weight over as soon as it is computed.
+assert default["hidden"] < hooks["hidden"], "the big bucket starts when backward ends: less hides than with hooks"
 # The comparison with DDP above, read from the installed torch: its first bucket 1 MiB, the later ones 25 MiB.
 import torch.distributed
 import torch.nn.parallel.distributed as ddp
@@ -374,9 +376,10 @@ plt.show()
 # * Horovod's hooks start each gradient's all-reduce as soon as backward produces it, so part of the communication
 #   runs while backward is still computing (asserted: over 5 % in the best row; in this run the share printed in
 #   section 1); an all-reduce started after backward hides nothing (asserted: under 5 % in every row).
-# * **hvdsync's PyTorch default is the second kind for small models**: gradients up to `sync.grouped_mb` (25 MiB)
-#   go in one grouped all-reduce after backward, no overlap, one fixed cost per step; bigger models, or
-#   `sync.grouped_mb: 0`, get the hooks (section 3, asserted on the probe's model, whose size it prints).
+# * **hvdsync's PyTorch default for small models is DDP's buckets**: gradients up to `sync.grouped_mb` (25 MiB) go
+#   in two or three grouped all-reduces, each started when backward has produced its bucket's last gradient, so
+#   little overlaps and a step pays Horovod's fixed cost per bucket, not per group of hooks; bigger models, or
+#   `sync.grouped_mb: 0`, get the hooks (section 3: on the probe's model less hides than with the hooks).
 # * The timeline is the instrument: per tensor it shows when the request arrived, when the collective ran and what
 #   it did; the hidden share is a few lines of interval arithmetic on it (section 1, equal to
 #   `hvdsync.core.telemetry.timeline.overlap`).
