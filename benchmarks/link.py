@@ -241,7 +241,7 @@ def sweep_point(cluster, k: int, rate: str, bps: float, framework: str, runs: li
             got = _result(cluster.run("node1", [sys.executable, __file__, "job", json.dumps(spec)], cwd=ROOT,
                                       env=env), f"the job at {rate} ({framework})")
             rows = [summarise(r, rate, bps, encode.get(r["config"]["sync"]["compression"], 0.0)
-                              if r["config"]["sync"]["mode"] == "allreduce" else 0.0, call_s=call, link=fitted)
+                              if r["config"]["sync"]["mode"] == "allreduce" else 0.0, fitted)
                     for r in got["results"]]
         for r in rows:
             r.update(repeat=repeat, seed=seed, test_samples=n_test)

@@ -45,19 +45,18 @@ def calls_per_step(cfg: dict) -> float:
     return get_codec(sync["compression"]).rounds if sync["mode"] == "allreduce" else 1 / sync["period"]
 
 
-def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int = 2, call_s: float = 0.0,
-              link: costmodel.Link | None = None) -> dict:
+def summarise(result: dict, rate: str, link_bps: float, encode_s: float, link: costmodel.Link, n: int = 2) -> dict:
     """One hvdsync run (a :func:`hvdsync.launch.train_many` result) at ``rate``.
 
     The prediction: the step's compute (its non-sync part, measured) plus the codec's encode + decode time
     (measured on the workers, :mod:`hvdlab.bench.link_encode`) plus, per Horovod call the run makes
-    (:func:`calls_per_step`), the call (negotiation and cycle; measured over the same link:
+    (:func:`calls_per_step`), the call (``link.call``: negotiation and cycle, measured over the same link by
     :func:`hvdlab.bench.link_encode.call_seconds`) and the ring's messages, plus the ring of the codec's bytes and
     their reduction. ``link``: the link fitted over the link (:func:`hvdlab.costmodel.fit_link`: alpha and beta from
-    all-reduces timed over it, gamma the workers' measured add; ``benchmarks/link.py``); without it, the textbook
-    link of ``link_bps`` bytes/s (one TCP stream's rate) and :data:`ALPHA_S`. On n = 2 ranks a ring all-reduce and
-    an all-gather both send each rank's buffer once, so the codec's bytes are what crosses the link (an all-gather
-    adds nothing up: its reduction term over-counts by the add, < 1 % at these rates).
+    all-reduces timed over it, gamma the workers' measured add; ``benchmarks/link.py``); ``link_bps``, one TCP
+    stream's rate, is reported beside it. On n = 2 ranks a ring all-reduce and an all-gather both send each rank's
+    buffer once, so the codec's bytes are what crosses the link (an all-gather adds nothing up: its reduction term
+    over-counts by the add, < 1 % at these rates).
     """
     history = result["history"]
     steady = history[1:] or history
@@ -75,8 +74,6 @@ def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int 
     # loopback probe 2-3x the same kernels timed alone), else as timed alone before training.
     in_situ = result["wire"].get("codec_seconds", 0.0) / steps
     codec_s = in_situ if in_situ > 0 and encode_s > 0 else encode_s
-    if link is None:
-        link = costmodel.Link(ALPHA_S, 1 / link_bps, call=call_s)
     messages = 2 * (n - 1) * link.alpha   # one ring's messages: paid once per call, as the call itself is
     predicted = compute + codec_s + calls * (link.call + messages) + costmodel.ring_time(wire, n, link) - messages
     return {"rate": rate, "framework": result["config"]["train"]["framework"], "compression": label(result["config"]),
@@ -84,7 +81,7 @@ def summarise(result: dict, rate: str, link_bps: float, encode_s: float, n: int 
             "link_over_wire": link_bytes / wire if wire else None, "step_ms": 1e3 * step, "sync_share": sync_share,
             "compute_ms": 1e3 * compute, "encode_ms": 1e3 * encode_s, "in_situ_ms": 1e3 * in_situ if in_situ else None,
             "link_MBps": link_bps / 1e6,
-            "predicted_ms": 1e3 * predicted, "calls_per_step": calls, "call_ms": 1e3 * call_s,
+            "predicted_ms": 1e3 * predicted, "calls_per_step": calls, "call_ms": 1e3 * link.call,
             "accuracy": result["test_accuracy"],
             "ranks_identical": result["param_spread"] == 0.0}
 

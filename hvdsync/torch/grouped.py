@@ -54,7 +54,6 @@ def wait(handle, poll_s: float = POLL_S):
     return hvd.synchronize(handle)
 
 
-
 FIRST_BUCKET_BYTES = 2 ** 20  # DDP's first bucket (1 MiB): the output layers' gradients leave early
 
 

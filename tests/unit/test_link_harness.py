@@ -186,12 +186,12 @@ def test_the_cost_model_predicts_from_the_link_fitted_over_it_with_call_messages
                                 gamma=truth.gamma, call=truth.call)
     assert fitted.alpha == pytest.approx(50e-6, rel=1e-6) and fitted.beta == pytest.approx(1e-8, rel=1e-6)
     wire = 8e6
-    row = summarise(_hvdsync_result(0.2, 0.5, wire, compression="fp16"), "1gbit", 1.25e8, 0.003, link=fitted)
+    row = summarise(_hvdsync_result(0.2, 0.5, wire, compression="fp16"), "1gbit", 1.25e8, 0.003, fitted)
     # compute (half the 0.2 s step) + the codec + one call + the ring's 2 messages + the bytes + half of them added
     expected = 0.1 + 0.003 + 2e-3 + 2 * 50e-6 + wire * 1e-8 + wire / 2 * 1e-10
     assert row["predicted_ms"] == pytest.approx(1e3 * expected)
     # PowerSGD's two rounds a step pay the call and the ring's messages twice, the bytes once.
-    two = summarise(_hvdsync_result(0.2, 0.5, wire, compression="powersgd:2"), "1gbit", 1.25e8, 0.003, link=fitted)
+    two = summarise(_hvdsync_result(0.2, 0.5, wire, compression="powersgd:2"), "1gbit", 1.25e8, 0.003, fitted)
     assert two["predicted_ms"] - row["predicted_ms"] == pytest.approx(1e3 * (2e-3 + 2 * 50e-6))
 
 

@@ -49,6 +49,12 @@ def spread(gathered: np.ndarray) -> float:
     return float(np.max(gathered.max(axis=0) - gathered.min(axis=0))) if gathered.size else 0.0
 
 
+def rank_spread(backend) -> float:
+    """How far apart the ranks' parameters are now: every rank's :func:`fingerprint`, all-gathered by ``backend``
+    (a collective: every rank calls it at the same point), then their :func:`spread`."""
+    return spread(backend.allgather(fingerprint(backend.parameters())))
+
+
 def diverged_ranks(fingerprints: np.ndarray, tolerance: float = 0.0) -> list[int]:
     """Ranks whose fingerprint differs from rank 0's (rank 0's state is what every rank started from) by more
     than ``tolerance``."""
@@ -155,7 +161,7 @@ class StepSpread(Callback):
         self.spreads: list[float] = []
 
     def on_step_end(self, ctx) -> None:
-        self.spreads.append(spread(ctx.backend.allgather(fingerprint(ctx.backend.parameters()))))
+        self.spreads.append(rank_spread(ctx.backend))
 
     @property
     def max(self) -> float | None:

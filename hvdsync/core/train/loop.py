@@ -399,7 +399,7 @@ def _finish(ctx: TrainContext, start: float) -> None:
     result.samples_per_second = samples / max(1e-9, result.total_seconds)
     result.wire = backend.wire.snapshot()
     result.allreduce_rounds = result.wire["tensors"] / max(1, backend.grad_tensors)
-    result.param_spread = monitor.spread(backend.allgather(monitor.fingerprint(backend.parameters())))
+    result.param_spread = monitor.rank_spread(backend)
     result.phase_seconds = backend.timer.summary()
     result.plan_state = ctx.plan_state.to_dict()
     final = {"wire_bytes": result.wire["bytes"], "allreduce_rounds": result.allreduce_rounds,

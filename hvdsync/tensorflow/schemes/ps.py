@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from hvdsync.config import SyncConfig
 from hvdsync.core.comm.codecs import Codec, WireCounter
-from hvdsync.core.comm.schemes.ps import push_splits, server_count
+from hvdsync.core.comm.schemes.ps import push_bytes, push_splits, server_count
 from hvdsync.core.comm.traffic import chunk_bounds
 from hvdsync.tensorflow.compression import TFOps, record_all_on_wire
 from hvdsync.tensorflow.schemes.base import DistributedOptimizer
@@ -129,8 +129,9 @@ class ParameterServerOptimizer(DistributedOptimizer):
         mine = self.splits[self.rank]
         reduced = self.codec.decode(self.ops, push(wire, self.splits, self.rank, "hvdsync.ps.push"), flat.dtype.name)
         self._shard_grad.assign(reduced / self.size if self.sync.op == "average" else reduced)
-        self._sent.assign_add((self.numel - mine) * itemsize)
-        self._received.assign_add((self.size - 1) * mine * itemsize)
+        sent, received = push_bytes(self.numel, mine, self.size, itemsize)
+        self._sent.assign_add(sent)
+        self._received.assign_add(received)
 
     def step(self, clear: bool = True) -> None:
         """Update the owned shard with the wrapped optimizer and pull every shard back into the variables."""
@@ -158,8 +159,9 @@ class ParameterServerOptimizer(DistributedOptimizer):
             n = int(v.shape.num_elements())
             v.assign(tf.reshape(flat[offset:offset + n], v.shape))
             offset += n
-        self._sent.assign_add((self.size - 1) * mine * itemsize)
-        self._received.assign_add((self.numel - mine) * itemsize)
+        received, sent = push_bytes(self.numel, mine, self.size, itemsize)   # the pull: the push's mirror
+        self._sent.assign_add(sent)
+        self._received.assign_add(received)
         self._rounds.assign_add(1)
         if clear:
             self.clear()

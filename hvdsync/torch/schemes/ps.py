@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hvdsync.core.comm.traffic import chunk_bounds
-from hvdsync.core.comm.schemes.ps import push_splits, server_count
+from hvdsync.core.comm.schemes.ps import push_bytes, push_splits, server_count
 from hvdsync.torch.schemes.base import SchemeOptimizer, _initialise_state, _options
 from hvdsync.torch.sparse import densify
 
@@ -175,8 +175,8 @@ class ParameterServerOptimizer(SchemeOptimizer):
         itemsize = flat.element_size()
         mine = self.splits[self.rank] if self.rank < self.servers else 0
         reduced = push(flat, self.splits, self.rank, "hvdsync.ps.push")
-        self.sent += (flat.numel() - mine) * itemsize
-        self.received += (self.size - 1) * mine * itemsize
+        sent, received = push_bytes(flat.numel(), mine, self.size, itemsize)
+        self.sent, self.received = self.sent + sent, self.received + received
         reduced = self.codec.decompress(reduced, ctx[0]) if len(ctx) else reduced
         self._reduced = reduced / self.size if self.sync.op == "average" else reduced
 
@@ -198,7 +198,7 @@ class ParameterServerOptimizer(SchemeOptimizer):
             flat = hvd.broadcast(source, root_rank=0, name="hvdsync.ps.pull")
         else:
             flat = hvd.allgather(self.shard.detach(), name="hvdsync.ps.pull")
-        self.sent += (self.size - 1) * mine * itemsize
-        self.received += (self.numel - mine) * itemsize
+        received, sent = push_bytes(self.numel, mine, self.size, itemsize)   # the pull: the push's mirror
+        self.sent, self.received = self.sent + sent, self.received + received
         self._set_params(flat)
         self.rounds += 1

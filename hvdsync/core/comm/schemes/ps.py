@@ -55,16 +55,22 @@ def push_splits(size: int, world: int, servers: int) -> list[int]:
     return [hi - lo for lo, hi in chunk_bounds(size, k)] + [0] * (world - k)
 
 
+def push_bytes(size: int, mine: int, world: int, itemsize: int) -> tuple[int, int]:
+    """``(sent, received)`` bytes of one rank in a push of a flat vector of ``size`` elements, this rank owning a
+    shard of ``mine``: its piece of every other server's shard out, the others' pieces of its shard in. The pull
+    is the mirror: ``received, sent = push_bytes(...)`` (its updated shard to every other rank, every other
+    server's shard in). The adapters count their rounds with it, as :func:`traffic` predicts them."""
+    return (size - mine) * itemsize, (world - 1) * mine * itemsize
+
+
 def traffic(size: int, itemsize: int, world: int, servers: int) -> Traffic:
     """Bytes per rank of one push + pull round for a flat vector of ``size`` elements of ``itemsize`` bytes."""
-    lengths = np.array(push_splits(size, world, servers), dtype=np.int64) * itemsize
     sent = np.zeros(world, dtype=np.int64)
     received = np.zeros(world, dtype=np.int64)
-    for r in range(world):
-        sent[r] += lengths.sum() - lengths[r]                 # push: my piece of every other server's shard
-        received[r] += (world - 1) * lengths[r]               # push: the others' pieces of my shard
-        sent[r] += (world - 1) * lengths[r]                   # pull: my updated shard to every other rank
-        received[r] += lengths.sum() - lengths[r]             # pull: every other server's shard
+    for r, mine in enumerate(push_splits(size, world, servers)):
+        out, into = push_bytes(size, mine, world, itemsize)
+        sent[r] += out + into          # the push's, then the pull's (the mirror)
+        received[r] += into + out
     return Traffic(sent, received)
 
 
