@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -46,128 +45,17 @@ from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.loop import FitResult
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
-from hvdsync.launch import ray_auth, worker
+from hvdsync.launch import worker
+from hvdsync.launch.ray_cluster import (alive_nodes, check_capacity, connected, node_names, require_ray,
+                                      resolve_address)
 from hvdsync.launch.base import DriverLog, WorkerError, follow_progress, lost_hosts, raise_clear
 from hvdsync.launch.local import QUIET_ENV, preflight
 
-INSTALL = "pip install 'hvdsync[ray]'"
-DEFAULT_PORT = 6379      # `ray start --head`'s default GCS port
-CONNECT_TIMEOUT_S = 5    # a head that does not accept a TCP connection in this time is reported, not waited for
 # Set by Horovod's Ray adapters in each worker (rank, host, rendezvous): never forwarded from this process.
 _PER_WORKER = {"HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
                "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
                "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE",
                "HOROVOD_ELASTIC"}
-
-
-def require_ray():
-    """The ``ray`` module, or one :class:`ConfigError` line saying how to get it."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(f"ray: Ray is not installed in this environment; install it with {INSTALL}") from None
-    return ray
-
-
-def resolve_address(address: str | None) -> str:
-    """``HOST:PORT`` of the Ray head that ``address`` names (``auto``: ``RAY_ADDRESS``, else the cluster the last
-    ``ray start`` on this machine joined), checked with one TCP connection; a :class:`ConfigError` line otherwise."""
-    address = (address or "auto").strip()
-    if address.startswith("ray://"):
-        raise ConfigError(f"ray_address: {address!r}: Ray Client (ray://) is not supported (Horovod's rendezvous "
-                          "runs in the driver, which the workers must reach); run hvdsync on a node of the cluster "
-                          "with --ray auto, e.g. through `ray job submit -- hvdsync train --ray auto ...`")
-    if address == "auto":
-        # Ray's own lookup (what `ray status` uses): RAY_ADDRESS, the file `ray start` writes, a running GCS.
-        from ray._private import services
-
-        try:
-            address = services.canonicalize_bootstrap_address_or_die("auto")
-        except (ConnectionError, ValueError) as exc:
-            said = str(exc).split(". ")[0].strip()  # Ray's first sentence: none found, or several
-            if "Could not find any running Ray instance" in said:
-                said = "RAY_ADDRESS is not set and no `ray start` ran on this machine"
-            raise ConfigError(f"ray_address: 'auto' found no Ray cluster to join ({said}); start one with "
-                              "`ray start --head`, or give the head's HOST:PORT") from None
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        host, port = address, str(DEFAULT_PORT)
-    if not host or not port.isdigit():
-        raise ConfigError(f"ray_address: {address!r} is not allowed; expected HOST:PORT of the Ray head "
-                          f"(`ray start --head` prints it) or 'auto'")
-    _probe(host, int(port))
-    return f"{host}:{port}"
-
-
-def _probe(host: str, port: int) -> None:
-    # One TCP connection to the head's GCS port: ray.init() to an address where nothing answers retries for a
-    # minute or more before it says so; this says it in seconds, naming the address.
-    try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
-            return
-    except socket.gaierror as exc:
-        raise ConfigError(f"ray_address: {host!r} does not resolve to an address ({exc.strerror}); check the name, "
-                          "or give the head's IP address") from None
-    except ConnectionRefusedError:
-        raise ConfigError(f"ray_address: nothing listens at {host}:{port} (connection refused); start the head "
-                          f"there (`ray start --head --port {port}`) or give the address it printed") from None
-    except OSError as exc:
-        why = f"no answer in {CONNECT_TIMEOUT_S} s" if isinstance(exc, TimeoutError) else exc.strerror
-        raise ConfigError(f"ray_address: {host}:{port} does not answer ({why}); check that the Ray head is up "
-                          "and reachable from this machine") from None
-
-
-@contextlib.contextmanager
-def _connected(ray, address: str, quiet: bool) -> Iterator[None]:
-    """Connect this process to the cluster for the job, unless the caller already did (a notebook's ``ray.init``:
-    used as it is and left open)."""
-    if ray.is_initialized():
-        yield
-        return
-    with ray_auth.authenticated(address):  # a token where the cluster wants one, or one line saying what is wrong
-        # log_to_driver: the workers' output comes here only when asked (--verbose); it is always in Ray's logs of
-        # each node (<temp dir>/session_latest/logs/worker-*.out), and a failed rank's traceback comes with its error.
-        ray.init(address=address, log_to_driver=not quiet, logging_level=logging.WARNING)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-
-
-def _alive(ray) -> list[dict]:
-    return [n for n in ray.nodes() if n.get("Alive")]
-
-
-def check_capacity(ray, address: str, np: int, cpus_per_worker: float, gpus_per_worker: float,
-                   field: str = "np") -> None:
-    """:class:`ConfigError` where ``np`` workers of ``cpus_per_worker`` CPUs (and ``gpus_per_worker`` GPUs) cannot
-    all be placed on the cluster's live nodes, counted as Horovod's elastic discovery counts them: whole workers
-    per node."""
-    nodes = _alive(ray)
-    for resource, each in (("CPU", cpus_per_worker), ("GPU", gpus_per_worker)):
-        if not each:
-            continue
-        fits = sum(int(n["Resources"].get(resource, 0) // each) for n in nodes)
-        if np > fits:
-            total = sum(n["Resources"].get(resource, 0) for n in nodes)
-            each_node = ", ".join(f"{n['NodeManagerAddress']}: {n['Resources'].get(resource, 0):g}" for n in nodes)
-            raise ConfigError(f"{field}: {np} workers of {each:g} {resource} each do not fit the Ray cluster at "
-                              f"{address}: its {len(nodes)} nodes have {total:g} {resource}s ({each_node}), room "
-                              f"for {fits}; lower {field}, or add nodes (`ray start --address {address}`)")
-
-
-def _node_names(ray) -> dict[str, str]:
-    """A short unique name for each live node (its host name, else its address), by node id: Horovod's static Ray
-    adapter names the workers' host by node id (56 hex digits), which is what MLflow's ``hosts`` would show."""
-    nodes = _alive(ray)
-    hostnames = [n["NodeManagerHostname"] for n in nodes]
-    addresses = [n["NodeManagerAddress"] for n in nodes]
-    names = {}
-    for n in nodes:
-        name, address = n["NodeManagerHostname"], n["NodeManagerAddress"]
-        names[n["NodeID"]] = (name if hostnames.count(name) == 1 else address if addresses.count(address) == 1
-                              else f"{address}/{n['NodeID'][:8]}")
-    return names
 
 
 def _entry(payload: bytes, cwd: str, names: dict[str, str] | None):
@@ -290,10 +178,10 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
     with contextlib.ExitStack() as stack:
         if own_dir:  # nothing of the workers' is kept here (their output is in Ray's logs): removed in any case
             stack.callback(shutil.rmtree, log_dir, ignore_errors=True)
-        stack.enter_context(_connected(ray, address, quiet))
+        stack.enter_context(connected(ray, address, quiet))
         stack.enter_context(_progress(progress, worker_env, log_dir))
         check_capacity(ray, address, np, cpus_per_worker, gpus_per_worker)
-        names = _node_names(ray)
+        names = node_names(ray)
         settings = RayExecutor.create_settings(timeout_s=start_timeout, placement_group_timeout_s=start_timeout,
                                                nics=set(network_interfaces) if network_interfaces else None)
         executor = RayExecutor(settings, num_workers=np, cpus_per_worker=cpus_per_worker,
@@ -340,9 +228,9 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
     worker_env = _worker_env(sync, {RUN_DIR_ENV: str(run_dir), "HOROVOD_GLOO_TIMEOUT_SECONDS": gloo_timeout,
                                     **(env or {})}, elastic=True)
     handler = DriverLog()  # Horovod's elastic driver logs to the root logger in this process
-    with _connected(ray, address, quiet), _progress(progress, worker_env, run_dir):
+    with connected(ray, address, quiet), _progress(progress, worker_env, run_dir):
         check_capacity(ray, address, elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
-        if not network_interfaces and len(_alive(ray)) < 2:
+        if not network_interfaces and len(alive_nodes(ray)) < 2:
             # Horovod finds the common interfaces only between two or more hosts; with one it waits for a second.
             raise ConfigError("--network-interface: needed for an elastic Ray job on a one-node cluster; name the "
                               "interface the workers talk over (lo where every node is this machine), e.g. "
@@ -405,7 +293,7 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
     # Connected once, here, before the job's MLflow run is made: an address where no head answers, a cluster that
     # refuses this process's token and a cluster too small for the job are each one line, not a FAILED run.
     # run() and run_elastic() go on with this connection.
-    with _connected(ray, address, quiet):
+    with connected(ray, address, quiet):
         if cfg.elastic.enabled:
             check_capacity(ray, address, cfg.elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
         else:

@@ -76,7 +76,7 @@ def shipped_ray(monkeypatch):
     monkeypatch.setattr(ray_launch, "preflight", lambda cfg: None)
     monkeypatch.setattr(ray_launch, "require_ray", lambda: None)
     monkeypatch.setattr(ray_launch, "resolve_address", lambda address: address)
-    monkeypatch.setattr(ray_launch, "_connected", lambda ray, address, quiet: contextlib.nullcontext())
+    monkeypatch.setattr(ray_launch, "connected", lambda ray, address, quiet: contextlib.nullcontext())
     monkeypatch.setattr(ray_launch, "check_capacity", lambda *args, **kwargs: None)
     monkeypatch.setattr(ray_launch, "_train_connected", train_connected)
 
