@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 from hvdsync.config import ConfigError, SyncConfig
 from hvdsync.core.telemetry.observe import prepare_timeline
 from hvdsync.core.train import seeding
-from hvdsync.core.train.runtime import REDUCE_OP_NAMES, WorkerInfo, apply_horovod_env, report_knobs
+from hvdsync.core.train.runtime import (REDUCE_OP_NAMES, WorkerInfo, apply_horovod_env, keep_freed_memory,
+                                        report_knobs)
 
 if TYPE_CHECKING:
     from hvdsync.core.comm.codecs import Codec, WireCounter
@@ -133,7 +134,10 @@ def start_horovod(hvd, cfg) -> WorkerInfo:
     """What both adapters' ``init`` do around ``hvd.init()`` (``hvd``: ``horovod.torch`` or
     ``horovod.tensorflow``), in the order Horovod needs: the deterministic environment, ``HOROVOD_TIMELINE`` and
     Horovod's knobs from ``cfg.sync`` are read by ``hvd.init``, so they are set before it (a knob the environment
-    sets wins: :func:`~hvdsync.core.train.runtime.apply_horovod_env`); the knobs that applied are reported on rank 0."""
+    sets wins: :func:`~hvdsync.core.train.runtime.apply_horovod_env`); the knobs that applied are reported on rank 0.
+    ``train.keep_freed_memory`` sets the allocator before any model or gradient is allocated."""
+    if cfg.train.keep_freed_memory:
+        keep_freed_memory()
     if cfg.train.deterministic:
         seeding.apply_deterministic_env()
     prepare_timeline(cfg.tracking.timeline, cfg.tracking.spool_dir)

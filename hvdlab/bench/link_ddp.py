@@ -11,6 +11,9 @@ and trains the wide MLP with :class:`torch.nn.parallel.DistributedDataParallel` 
   ``size``-th sample unshuffled;
 * the same start: the model built as hvdsync's ``mlp`` after ``torch.manual_seed(seed)``, the data set from the same
   seed, the same lr and batch;
+* the same allocator: hvdsync's workers keep what a step frees for the next (``train.keep_freed_memory``,
+  :func:`hvdsync.core.train.runtime.keep_freed_memory`); DDP's ranks get the same setting from the same config, so
+  neither side pays page faults the other does not;
 * the same PowerSGD warm-up, none: hvdsync compresses from its first step. DDP's hook allows no fewer than 2
   uncompressed iterations with error feedback (``start_powerSGD_iter >= 2``: DDP rebuilds its buckets after the first
   one), so before training every hook is primed with :data:`PRIMING` forward and backward passes and no optimizer
@@ -87,8 +90,11 @@ def fit(rank: int, size: int, master: str, port: int, hooks: list[str], data: di
 
     from hvdlab.bench.link_fair import placement
     from hvdsync.core.train.data import synthetic
+    from hvdsync.core.train.runtime import keep_freed_memory
     from hvdsync.torch.models import mlp
 
+    if train.get("keep_freed_memory", True):   # as hvdsync's init does for its workers, before anything is built
+        keep_freed_memory()
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=size)
     out: list[dict] = []

@@ -214,6 +214,11 @@ class TrainConfig:
         device: where each worker trains: ``auto`` (one GPU per rank where the framework can use one, else the
             CPU), ``cpu`` (no GPU is touched even where one is present) or ``cuda`` (a GPU per rank is required:
             ``init`` stops with one line naming why there is none; :mod:`hvdsync.core.train.gpus`).
+        keep_freed_memory: each worker's C allocator (glibc's malloc) keeps the memory a step frees for the next
+            step instead of handing it back to the system, so a gradient-sized buffer is not faulted in page by
+            page again every step (:func:`hvdsync.core.train.runtime.keep_freed_memory`). ``false`` leaves the
+            allocator as it was; an allocator chosen in the environment (``MALLOC_*`` settings, a preloaded
+            jemalloc or tcmalloc) is always left alone.
     """
 
     framework: str = "torch"
@@ -232,6 +237,7 @@ class TrainConfig:
     deterministic: bool = False
     precision: str = "fp32"
     device: str = "auto"
+    keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         _choice("train.framework", self.framework, FRAMEWORKS)
@@ -255,6 +261,7 @@ class TrainConfig:
         _int("train.hidden", self.hidden, 1)
         _int("train.seed", self.seed, 0, 2**32 - 1)
         _bool("train.deterministic", self.deterministic)
+        _bool("train.keep_freed_memory", self.keep_freed_memory)
 
 
 @dataclass
