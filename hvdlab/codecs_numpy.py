@@ -59,6 +59,9 @@ class NumpyOps:
     def matmul(self, a, b):
         return a @ b
 
+    def matmul_into(self, out, a, b):
+        return a @ b   # the reference leaves its inputs as they were
+
     def transpose(self, a):
         return a.T
 

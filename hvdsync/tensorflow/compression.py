@@ -101,6 +101,9 @@ class TFOps:
     def matmul(self, a, b):
         return tf.matmul(a, b)
 
+    def matmul_into(self, out, a, b):
+        return tf.matmul(a, b)   # tensors are values in a graph: nothing to write into
+
     def transpose(self, a):
         return tf.transpose(a)
 

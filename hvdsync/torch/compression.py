@@ -60,10 +60,15 @@ def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class TorchOps:
-    """:class:`hvdsync.core.comm.codecs.Ops` on torch tensors; slots are tensors on ``device``, updated in place."""
+    """:class:`hvdsync.core.comm.codecs.Ops` on torch tensors; slots are tensors on ``device``, updated in place.
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    ``reuse_inputs``: :meth:`matmul_into` writes into the gradient it is given (:class:`CodecOptimizer`'s own
+    gradients: a decoded PowerSGD gradient lands in ``.grad`` with no 16.8 MB tensor and copy per step for a
+    4096 x 1024 layer); off, a caller's tensors are never written."""
+
+    def __init__(self, device: torch.device | str = "cpu", reuse_inputs: bool = False) -> None:
         self.device = torch.device(device)
+        self.reuse_inputs = reuse_inputs
 
     def dtype_name(self, x):
         return _dtype_name(x.dtype)
@@ -102,6 +107,13 @@ class TorchOps:
         return x.sum() if axis is None else x.sum(dim=axis)
 
     def matmul(self, a, b):
+        return a @ b
+
+    def matmul_into(self, out, a, b):
+        rows, cols = a.shape[0], b.shape[1]
+        if (self.reuse_inputs and out.is_contiguous() and out.numel() == rows * cols and out.dtype == a.dtype
+                and not out.requires_grad):
+            return torch.matmul(a, b, out=out.view(rows, cols))
         return a @ b
 
     def transpose(self, a):
@@ -260,8 +272,8 @@ class CodecReducer(_CoreReducer):
     ``collectives``."""
 
     def __init__(self, codec: Codec | str, shapes: Sequence[tuple[int, ...]], sync, counter: WireCounter | None = None,
-                 seed: int = 0, device: torch.device | str = "cpu") -> None:
-        super().__init__(codec, shapes, sync, TorchOps(device), TorchCollectives(), counter, seed)
+                 seed: int = 0, device: torch.device | str = "cpu", reuse_inputs: bool = False) -> None:
+        super().__init__(codec, shapes, sync, TorchOps(device, reuse_inputs), TorchCollectives(), counter, seed)
 
 
 def take_sgd_momentum(optimizer: torch.optim.Optimizer, codec: Codec, parameters: Sequence) -> list[float] | None:
@@ -349,7 +361,10 @@ class CodecOptimizer(LocalOptimizerView):
         # Momentum correction (DGC): the codec accumulates SGD's velocity; the optimizer then steps without momentum.
         self._decay = (take_sgd_momentum(optimizer, codec, self.parameters)
                        if sync.momentum_correction and codec.takes_momentum(sync.error_feedback) else None)
-        self.reducer = CodecReducer(codec, [tuple(p.shape) for p in self.parameters], sync, counter, seed, device)
+        # reuse_inputs: the gradients handed to the reducer are .grad (or this step's temporaries): a codec may decode
+        # into them.
+        self.reducer = CodecReducer(codec, [tuple(p.shape) for p in self.parameters], sync, counter, seed, device,
+                                    reuse_inputs=True)
         self.counter = self.reducer.counter
         # Set by hvdsync.torch.precision.MixedPrecision under fp16: a callable returning the current loss scale.
         self.loss_scale = None
@@ -381,7 +396,7 @@ class CodecOptimizer(LocalOptimizerView):
         for p, g in zip(self.parameters, reduced):
             if p.grad is None or p.grad.is_sparse:
                 p.grad = g
-            else:
+            elif g.data_ptr() != p.grad.data_ptr():   # not already decoded into .grad (TorchOps.matmul_into)
                 p.grad.copy_(g)
 
     def step(self, closure=None):

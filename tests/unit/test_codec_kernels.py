@@ -107,3 +107,48 @@ def test_the_in_place_state_kernels(ops, which):
     want = np.arange(12, dtype=np.float32) - 0.5
     want[[0, 5, 11]] = 0.0
     np.testing.assert_array_equal(o.to_numpy(o.read(slot)), want.reshape(3, 4))
+
+
+def test_matmul_into_writes_into_the_gradient_only_where_inputs_are_reused():
+    """PowerSGD's decode: with reuse_inputs (CodecOptimizer's own gradients) a @ b lands in the gradient's memory,
+    viewed as the matrix; a caller's tensor is never written otherwise, nor one that does not fit."""
+    pytest.importorskip("horovod.torch")
+    import torch
+
+    from hvdsync.torch.compression import TorchOps
+
+    a, b = torch.randn(6, 2), torch.randn(2, 4)
+    for reuse in (False, True):
+        grad = torch.zeros(2, 3, 4)               # a 3-D gradient whose matrix view is 6 x 4
+        out = TorchOps(reuse_inputs=reuse).matmul_into(grad, a, b)
+        torch.testing.assert_close(out, a @ b)
+        assert (out.data_ptr() == grad.data_ptr()) is reuse
+        assert bool((grad == 0).all()) is not reuse
+    wrong = torch.zeros(5, 4)
+    out = TorchOps(reuse_inputs=True).matmul_into(wrong, a, b)
+    assert out.data_ptr() != wrong.data_ptr() and bool((wrong == 0).all())
+
+
+def test_powersgd_decodes_into_codec_optimizers_gradients():
+    """A rank-2 PowerSGD step of CodecOptimizer (1 rank): the decoded gradient is the parameter's own .grad storage,
+    and equals the reducer's result on an untouched copy of the same gradients."""
+    hvd = pytest.importorskip("horovod.torch")
+    import torch
+
+    from hvdsync.config import Config
+    from hvdsync.core.comm.codecs import get_codec
+    from hvdsync.torch.compression import CodecOptimizer, CodecReducer
+
+    hvd.init()
+    sync = Config.from_dict({"sync": {"compression": "powersgd:2"}}).sync
+    layer = torch.nn.Linear(16, 12)
+    layer.weight.grad, layer.bias.grad = torch.randn(12, 16), torch.randn(12)
+    storage = layer.weight.grad.data_ptr()
+    copies = [layer.bias.grad.clone(), layer.weight.grad.clone()]        # by name: bias, weight
+    reference = CodecReducer(get_codec("powersgd:2"), [(12,), (12, 16)], sync).reduce(copies)
+    opt = CodecOptimizer(torch.optim.SGD(layer.parameters(), lr=0.1), layer.named_parameters(), sync,
+                         get_codec("powersgd:2"))
+    opt.synchronize()
+    assert layer.weight.grad.data_ptr() == storage
+    torch.testing.assert_close(layer.weight.grad, reference[1])
+    torch.testing.assert_close(layer.bias.grad, reference[0])

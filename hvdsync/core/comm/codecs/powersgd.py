@@ -82,7 +82,8 @@ class PowerSGD(Codec):
         (p,) = yield [Allreduce(ops.matmul(m, ops.read(state["q"])))]
         p = orthogonalize(ops, p)
         (q,) = yield [Allreduce(ops.matmul(ops.transpose(m), p))]
-        approx = ops.matmul(p, ops.transpose(q))
+        # Decoded into the gradient's memory where the adapter allows it: the gradient is not read after M was built.
+        approx = ops.matmul_into(grad, p, ops.transpose(q))
         if ctx.error_feedback:
             ops.sub_into(state["residual"], approx)   # M is no longer read after this
         ops.assign(state["q"], q)   # warm start: the next step's power iteration starts from this Q
