@@ -23,6 +23,7 @@ import torch
 from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec, mix_seed
 from hvdsync.core.comm.reducer import CodecReducer as _CoreReducer
 from hvdsync.core.comm.reducer import Collectives
+from hvdsync.torch.runtime import wait
 from hvdsync.torch.sparse import densify
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
@@ -255,7 +256,7 @@ class TorchCollectives(Collectives):
             # The allgathers too in one grouped request (values and indices of every tensor): one negotiation for
             # the round, not one per tensor (8 per step for a 2-layer model's top-k).
             handles.append(hvd.grouped_allgather_async([t.contiguous() for t in gather], name=f"{name}.gather"))
-        done = [_as_list(hvd.synchronize(h)) for h in handles]
+        done = [_as_list(wait(h)) for h in handles]
         return (done.pop(0) if reduce else []), (done.pop(0) if gather else [])
 
     def record(self, counter: WireCounter, tensors: list) -> None:

@@ -7,17 +7,14 @@ tensors that happens to be ready in one of Horovod's cycles becomes its own roun
 a ring, thread hand-offs), several per step. :class:`GroupedOptimizer` hands the gradients over in buckets fixed
 once, like DDP's: each bucket is ONE ``hvd.grouped_allreduce_async_`` (one round, in place), started when backward
 has produced its last gradient; a small model is one bucket, reduced after backward, which is what DDP does with a
-model that fits its first bucket. It waits by polling with short sleeps: an unpatched Horovod 0.28.1's
-``hvd.synchronize`` spins on ``sched_yield`` and takes the core that Horovod's and Gloo's threads of both ranks need
-(docs/measurements/allreduce.md, "Where the time goes", point 4). hvdsync's own build has patch 0005 (a condition
-variable), where the two waits measured alike (benchmarks/step.py latency, quiet: 49.6 vs 50.5 ms a step); the poll
-keeps a Horovod built elsewhere, such as a cluster's own, from spinning.
+model that fits its first bucket. It waits with :func:`hvdsync.torch.runtime.wait`: blocked on a condition
+variable where the installed Horovod has hvdsync's patch 0005, else polling with short sleeps, never in an
+unpatched Horovod's spinning ``hvd.synchronize``.
 
 The result is the same sum as the hooks' (per element, the same two addends), so parameters match the hook path's.
 """
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Iterable
 
@@ -26,9 +23,8 @@ import torch
 
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, LocalOptimizerView
+from hvdsync.torch.runtime import POLL_S, wait  # noqa: F401 - POLL_S: its old home, kept importable
 from hvdsync.torch.sparse import densify
-
-POLL_S = 50e-6  # between polls of the pending all-reduce: well under a cycle (1 ms), long enough to free the core
 
 
 def gradient_bytes(parameters: Iterable[torch.Tensor]) -> int:
@@ -45,13 +41,6 @@ def groups_after_backward(sync, parameters: Iterable[torch.Tensor]) -> bool:
     if sync.grouped_mb <= 0 or sync.op == "adasum" or sync.sparse == "allgather":
         return False
     return gradient_bytes(parameters) <= sync.grouped_mb * 2 ** 20
-
-
-def wait(handle, poll_s: float = POLL_S):
-    """``hvd.synchronize(handle)`` without its spinning wait: sleep between polls, then collect the result."""
-    while not hvd.poll(handle):
-        time.sleep(poll_s)
-    return hvd.synchronize(handle)
 
 
 FIRST_BUCKET_BYTES = 2 ** 20  # DDP's first bucket (1 MiB): the output layers' gradients leave early

@@ -1,7 +1,10 @@
 """Start a PyTorch Horovod worker: ``hvd.init()``, its GPU, threads, seeds, determinism."""
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import time
 
 import horovod.torch as hvd
 import torch
@@ -76,3 +79,35 @@ def _cuda_facts() -> dict:
         facts["present"] = visible_gpus(present_gpus(), facts["cuda_visible_devices"])
         facts["driver_cuda"] = driver_cuda() if facts["present"] else None
     return facts
+
+
+POLL_S = 50e-6  # between polls of a pending Horovod call: well under a cycle (1 ms), long enough to free the core
+# HandleManager::WaitHandle(int), what hvdsync's Horovod patch 0005 adds: hvd.synchronize then waits on a condition
+# variable (scripts/horovod-patches/0005-torch-wait-without-spinning.patch).
+WAIT_SYMBOL = "_ZN7horovod5torch13HandleManager10WaitHandleEi"
+
+
+@functools.cache
+def synchronize_blocks(symbol: str = WAIT_SYMBOL) -> bool:
+    """Whether ``hvd.synchronize`` blocks (the installed Horovod's PyTorch library exports ``symbol``, patch 0005's
+    wait) rather than spinning on ``sched_yield`` as Horovod 0.28.1 does."""
+    try:
+        from horovod.torch import mpi_lib_v2
+
+        return hasattr(ctypes.CDLL(mpi_lib_v2.__file__), symbol)
+    except (ImportError, OSError):
+        return False
+
+
+def wait(handle, poll_s: float = POLL_S):
+    """The result of a pending Horovod call, waited for without taking a core from the threads doing the work.
+
+    Where :func:`synchronize_blocks`, ``hvd.synchronize`` itself. Else it sleeps ``poll_s`` between polls: an
+    unpatched Horovod's ``hvd.synchronize`` spins, and on a host with no spare core it slows Horovod's and Gloo's
+    threads of every rank (docs/measurements/allreduce.md, "Where the time goes", point 4). Polling is not free either:
+    with one core per rank, up to 20,000 wake-ups a second take time from Gloo's threads while they reduce.
+    """
+    if not synchronize_blocks():
+        while not hvd.poll(handle):
+            time.sleep(poll_s)
+    return hvd.synchronize(handle)
