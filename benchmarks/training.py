@@ -20,6 +20,9 @@ Three questions, one table each, from one run:
 3. **Knobs against their off state** (MLP only, where communication dominates): fp16 on the wire, accumulation
    k=4, fusion off, a 5 ms cycle, ``HOROVOD_AUTOTUNE``, each against hvdsync's defaults in the same run.
 
+Every contender's processes get the same allocator settings (:func:`hvdlab.bench.link_fair.same_allocator`: what
+hvdsync's ``train.keep_freed_memory`` sets, in the environment, for the raw loop, DDP and MWMS as well).
+
 Noise: each repetition starts every contender once (fresh processes), in an order rotated by the repetition number,
 so machine noise lands on all alike; ratios are of medians over all timed steps, with the range of the same ratio
 taken inside each repetition. A step's time is the slowest rank's.
@@ -37,7 +40,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hvdlab.bench import report, suite
+from hvdlab.bench import link_fair, report, suite
 from hvdlab.bench.harness import UPSTREAM_LOOP
 from hvdlab.bench.step_common import WRONG_ENV, Spec, Work, works
 
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     reps = 1 if args.quick else args.reps
     frameworks = ["torch", "tensorflow"] if args.framework == "all" else [args.framework]
     models = ["mlp", "cnn"] if args.model == "all" else [args.model]
-    env = {WRONG_ENV: args.wrong} if args.wrong else {}
+    env = {**link_fair.same_allocator(), **({WRONG_ENV: args.wrong} if args.wrong else {})}
     info = report.machine()
     print(f"training step time, 2 local workers (Gloo over loopback), {reps} repetition(s); {info['cpus']} CPUs, "
           f"load average {info['load']}", flush=True)

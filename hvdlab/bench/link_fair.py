@@ -45,6 +45,16 @@ def placement(framework: str) -> dict:
             "threads": int(threads)}
 
 
+def same_allocator() -> dict[str, str]:
+    """glibc's environment for what ``train.keep_freed_memory`` sets in hvdsync's workers
+    (:func:`hvdsync.core.train.runtime.keep_freed_memory`): given to every contender of a comparison, hvdsync's
+    included (its workers then leave the allocator as the environment set it), so none pays page faults another
+    does not."""
+    from hvdsync.core.train.runtime import KEEP_FREED_BYTES, MMAP_THRESHOLD_BYTES
+
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MALLOC_TRIM_THRESHOLD_": str(KEEP_FREED_BYTES)}
+
+
 def expected_threads(host_cpus: dict[str, list[int]], per_host: int) -> int:
     """The intra-op threads every worker should use: its host's cores over the workers on the host (hvdsync's own
     rule, :func:`hvdsync.core.train.seeding.threads_per_worker`), the same for every contender."""

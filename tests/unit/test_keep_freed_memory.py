@@ -83,10 +83,28 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_kept_memory_is_not_faulted_in_again():
-    def faults(mode: str) -> int:
-        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True)
+    import os
+
+    from hvdlab.bench.link_fair import same_allocator
+
+    def faults(mode: str, env: dict | None = None) -> int:
+        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True,
+                             env={**os.environ, **(env or {})})
         return int(out.stdout.strip())
 
     pages = 3 * (16 << 20) // 4096
     assert faults("default") > pages // 2   # glibc's defaults: the blocks come back as fresh pages
     assert faults("keep") < 100             # kept: the same pages, already there
+    assert faults("default", same_allocator()) < 100   # the benchmarks' environment: the same, set by glibc
+
+
+def test_benchmarks_give_every_contender_the_same_setting():
+    """What the comparisons put in every contender's environment is what the workers' own call sets, and a worker
+    started with it leaves the allocator alone."""
+    from hvdlab.bench.link_fair import same_allocator
+
+    env = same_allocator()
+    assert env == {"MALLOC_MMAP_THRESHOLD_": str(runtime.MMAP_THRESHOLD_BYTES),
+                   "MALLOC_TRIM_THRESHOLD_": str(runtime.KEEP_FREED_BYTES)}
+    libc = RecordingLibc()
+    assert keep_freed_memory(env, libc) == "environment" and libc.calls == []
