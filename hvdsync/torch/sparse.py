@@ -14,6 +14,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.torch.runtime import wait
 
 
 def sparse_allgather_async(grad: torch.Tensor, name: str, average: bool, compressor, counter: WireCounter):
@@ -40,8 +41,8 @@ def sparse_allgather_async(grad: torch.Tensor, name: str, average: bool, compres
     rows_handle = hvd.allgather_async(rows, name=f"{name}.rows")
 
     def result() -> torch.Tensor:
-        values = compressor.decompress(hvd.synchronize(values_handle), ctx)
-        gathered = hvd.synchronize(rows_handle).long()
+        values = compressor.decompress(wait(values_handle), ctx)
+        gathered = wait(rows_handle).long()
         if average:
             values = values / hvd.size()
         # Uncoalesced on purpose: a row touched on several ranks is summed by the optimizer's update (index_add).
