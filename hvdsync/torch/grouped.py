@@ -23,7 +23,8 @@ import torch
 
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, LocalOptimizerView
-from hvdsync.torch.runtime import POLL_S, wait  # noqa: F401 - POLL_S: its old home, kept importable
+from hvdsync.core._moved import forward
+from hvdsync.torch.runtime import wait as _wait
 from hvdsync.torch.sparse import densify
 
 
@@ -41,6 +42,18 @@ def groups_after_backward(sync, parameters: Iterable[torch.Tensor]) -> bool:
     if sync.grouped_mb <= 0 or sync.op == "adasum" or sync.sparse == "allgather":
         return False
     return gradient_bytes(parameters) <= sync.grouped_mb * 2 ** 20
+
+
+# wait and POLL_S moved to hvdsync.torch.runtime (the one wait of every PyTorch path); taken from here they still
+# work until 0.3.0, with a DeprecationWarning naming the new place.
+_MOVED = ("wait", "POLL_S")
+_forward = forward(__name__, "hvdsync.torch.runtime", until="0.3.0")
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        return _forward(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 FIRST_BUCKET_BYTES = 2 ** 20  # DDP's first bucket (1 MiB): the output layers' gradients leave early
@@ -164,7 +177,7 @@ class GroupedOptimizer(LocalOptimizerView):
                 self._start(i)
         for i in sorted(self._pending):
             handle, wire, ctx = self._pending[i]
-            wait(handle)
+            _wait(handle)
             for p, w, c in zip(self.buckets[i], wire, ctx):
                 out = self.compressor.decompress(w, c)
                 if out is not p.grad:
@@ -189,7 +202,7 @@ class GroupedOptimizer(LocalOptimizerView):
         # reductions that would have written.
         for handle, _, _ in self._pending.values():
             try:
-                wait(handle)
+                _wait(handle)
             except (ValueError, hvd.HorovodInternalError):
                 pass
         self._reset_step()

@@ -27,3 +27,13 @@ def test_both_waits_return_the_reduced_tensor(monkeypatch, blocks):
     monkeypatch.setattr(runtime, "synchronize_blocks", lambda: blocks)
     handle = hvd.allreduce_async(torch.arange(6, dtype=torch.float32), name=f"wait.{blocks}", op=hvd.Sum)
     torch.testing.assert_close(runtime.wait(handle), torch.arange(6, dtype=torch.float32) * hvd.size())
+
+
+@pytest.mark.parametrize("name", ["wait", "POLL_S"])
+def test_the_old_path_in_grouped_warns_and_forwards(name):
+    import hvdsync.torch.grouped as grouped
+
+    with pytest.warns(DeprecationWarning, match=f"import {name} from hvdsync.torch.runtime"):
+        assert getattr(grouped, name) is getattr(runtime, name)
+    with pytest.raises(AttributeError):
+        grouped.no_such_name  # noqa: B018
