@@ -8,6 +8,8 @@ where the two meet.
 """
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +17,7 @@ from horovod.common.elastic import State, notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.core.elastic.jobs import JOB_ID_ENV, RESUME_JOB_ENV, claim, job_config, new_job_id
 from hvdsync.core.elastic.state import CommittedState, Position, Tensors
 
 
@@ -35,12 +38,25 @@ def configured_state(tensors: Tensors, cfg, bcast_object: Callable, get_rank: Ca
     checkpoint intervals, the store (keyed by the model's fingerprint), the reset callbacks (the learning-rate
     rule) and, with ``elastic.resume``, the newest valid checkpoint loaded on rank 0 (the first sync hands it on)."""
     e = cfg.elastic
-    store = CheckpointStore(e.checkpoint_dir, e.keep, tensors.fingerprint) if e.checkpoint_dir else None
+    store, resume_from = None, None
+    if e.checkpoint_dir:
+        # The job id: the launcher's (hvdsync.launch.elastic decided it before any worker started), else one made
+        # here; rank 0's wins at the first sync, so every rank writes as one job.
+        store = CheckpointStore(e.checkpoint_dir, e.keep, tensors.fingerprint, job_config=job_config(cfg.flat()),
+                                job_id=os.environ.get(JOB_ID_ENV) or new_job_id())
+        if e.resume and get_rank() == 0:
+            if RESUME_JOB_ENV in os.environ:  # the launcher chose it ("": checkpoints without a job record)
+                resume_from = os.environ[RESUME_JOB_ENV]
+            else:  # a script of the user's: the same rules, applied here (a refusal fails the worker in one line)
+                chosen = claim(store, store.job_config, resume=True)
+                if chosen.resumed is not None:
+                    store.job_id, resume_from = chosen.job_id, chosen.resumed.id
+                    print(f"hvdsync: {chosen.line()}", file=sys.stderr, flush=True)
     state = ElasticState(tensors, bcast_object, get_rank, get_size, commit_every=e.commit_every, store=store,
                          checkpoint_every=e.checkpoint_every, codec=codec, on_event=on_event, **user)
     state.register_reset_callbacks(list(reset_callbacks))
-    if e.resume and get_rank() == 0:
-        state.load_checkpoint()
+    if e.resume and get_rank() == 0 and store is not None:
+        state.load_checkpoint(job_id=resume_from)
     return state
 
 

@@ -83,6 +83,10 @@ def choose(cfg: Config, ray: str | None = None, np_given: int | None = None,
     """
     from hvdsync.launch import slurm
 
+    if cfg.elastic.resume and not cfg.elastic.enabled:
+        # Only an elastic job writes and loads checkpoints: without --elastic, --resume would train from scratch.
+        raise ConfigError("--resume: needs --elastic (elastic.enabled): only an elastic job writes and resumes "
+                          "checkpoints; add --elastic, or leave out --resume to train from scratch")
     if ray:
         return Launch("ray", {"address": ray, **where})
     if "hosts" not in where and slurm.in_step(environ):

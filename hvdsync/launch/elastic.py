@@ -41,6 +41,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -294,10 +295,14 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
         # Checked before the job's run is made: a bad host list is one line, not a FAILED run.
         placed = placement(cfg.elastic, cfg.train.np, hosts, ssh_port, ssh_identity_file, network_interfaces)
         first = placed[0]
-        with job_run(cfg, "elastic", resumed_run(cfg)) as job:
+        chosen = checkpoint_job(cfg)  # whose checkpoints: refused here, in one line, before any worker starts
+        if chosen is not None and chosen.resumed is not None:
+            print(f"hvdsync: {chosen.line()}", file=sys.stderr, flush=True)
+        run_id = chosen.resumed.run_id if chosen is not None and chosen.resumed is not None else None
+        with job_run(cfg, "elastic", run_id if cfg.tracking.enabled else None) as job:
             try:
                 results = run_elastic(worker.fit_elastic, args, cfg.elastic, cfg.train.np,
-                                      run_dir, hosts=hosts, sync=cfg.sync, quiet=quiet,
+                                      run_dir, hosts=hosts, sync=cfg.sync, quiet=quiet, env=job_env(chosen),
                                       progress=progress, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
                                       network_interfaces=network_interfaces, lost=lost, placed=placed)
             except WorkerError:
@@ -315,17 +320,47 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
     return ElasticResult(**results[0])
 
 
+def checkpoint_job(cfg: Config):
+    """Which job writes into ``elastic.checkpoint_dir`` (:func:`hvdsync.core.elastic.jobs.claim`): a
+    :class:`~hvdsync.core.elastic.jobs.Claim`, or None without a checkpoint folder. A folder that holds another job's
+    checkpoints (for a new job), or no job this one may continue (for ``--resume``), is one :class:`ConfigError`
+    line, raised before any worker starts."""
+    if not cfg.elastic.checkpoint_dir:
+        return None
+    from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore
+    from hvdsync.core.elastic.jobs import claim, job_config
+
+    try:
+        return claim(CheckpointStore(cfg.elastic.checkpoint_dir, report=lambda line: None),
+                     job_config(cfg.flat()), cfg.elastic.resume)
+    except CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def job_env(chosen) -> dict[str, str]:
+    """The workers' environment for a :func:`checkpoint_job` decision: the job they write as and, when resuming,
+    the job whose checkpoint rank 0 loads."""
+    from hvdsync.core.elastic.jobs import JOB_ID_ENV, RESUME_JOB_ENV
+
+    if chosen is None:
+        return {}
+    env = {JOB_ID_ENV: chosen.job_id}
+    if chosen.resumed is not None:
+        env[RESUME_JOB_ENV] = chosen.resumed.id
+    return env
+
+
 def resumed_run(cfg: Config) -> str | None:
-    """The MLflow run a resumed job goes on with: the one its newest valid checkpoint names (the workers load the
-    same checkpoint); None for a fresh job or a checkpoint without one. One run per job, however often it resumes:
-    its metrics go on by step, and its tags count the resumes (:func:`hvdsync.core.telemetry.jobrun.begin`)."""
+    """The MLflow run a resumed job goes on with: the one the checkpoint of the job it continues names (the workers
+    load that job's checkpoint); None for a fresh job or a checkpoint without one. One run per job, however often it
+    resumes: its metrics go on by step, and its tags count the resumes (:func:`hvdsync.core.telemetry.jobrun.begin`)."""
     if not (cfg.elastic.resume and cfg.elastic.checkpoint_dir and cfg.tracking.enabled):
         return None
-    from hvdsync.core.elastic.checkpoint import CheckpointStore
-
-    # Quietly: the workers report skipped checkpoints when they load the same one.
-    ckpt = CheckpointStore(cfg.elastic.checkpoint_dir, report=lambda line: None).latest(say_fresh=False)
-    return ckpt.meta.get("run_id") if ckpt is not None else None
+    try:
+        chosen = checkpoint_job(cfg)
+    except ConfigError:
+        return None
+    return chosen.resumed.run_id if chosen is not None and chosen.resumed is not None else None
 
 
 def reset_tags(np: int, resets: list[dict], lost: list[dict], hosts: list[Host] | None) -> dict[str, str]:

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
+from hvdsync.core.elastic.checkpoint import undecodable
 from hvdsync.elastic import ElasticState, configured_state, run
 from hvdsync.fitting import fit_elastic_with
 from hvdsync.core.train.scaling import scaled_lr
@@ -74,9 +75,14 @@ class KerasTensors:
 
     def from_files(self, files: dict[str, bytes]) -> None:
         # By value: numpy arrays, allow_pickle=False; shapes are checked by the fingerprint and by assign.
-        with np.load(io.BytesIO(files["keras_state.npz"]), allow_pickle=False) as saved:
-            for i, v in enumerate(self.variables):
-                v.assign(saved[f"v{i:05d}"])
+        try:
+            with np.load(io.BytesIO(files["keras_state.npz"]), allow_pickle=False) as saved:
+                for i, v in enumerate(self.variables):
+                    v.assign(saved[f"v{i:05d}"])
+        except Exception as exc:  # noqa: BLE001 - numpy.load and assign raise many kinds (ValueError, BadZipFile, ...)
+            # Bytes that passed the checksum but are no state of this model: skipped like a damaged file (the
+            # elastic state puts the variables back and tries the next older checkpoint).
+            raise undecodable("keras_state.npz", exc) from None
         self.save()
 
 

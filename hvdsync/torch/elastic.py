@@ -22,6 +22,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdsync.core.elastic.checkpoint import undecodable
 from hvdsync.elastic import ElasticState, configured_state, run
 from hvdsync.fitting import fit_elastic_with
 from hvdsync.core.train.scaling import scaled_lr
@@ -94,9 +95,13 @@ class TorchTensors:
 
     def from_files(self, files: dict[str, bytes]) -> None:
         # weights_only=True: torch's restricted unpickler loads tensors and plain containers, never code.
-        saved = torch.load(io.BytesIO(files["torch_state.pt"]), map_location="cpu", weights_only=True)
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        try:
+            saved = torch.load(io.BytesIO(files["torch_state.pt"]), map_location="cpu", weights_only=True)
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+        except Exception as exc:  # noqa: BLE001 - torch.load raises anything (IndexError, UnpicklingError, ...)
+            # Bytes that passed the checksum but are no torch state of this model: skipped like a damaged file.
+            raise undecodable("torch_state.pt", exc) from None
 
 
 def follow_world_size(optimizer: torch.optim.Optimizer, base_lr: float, rule: str) -> Callable[[], None]:

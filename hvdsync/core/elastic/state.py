@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore, undecodable
 
 
 @dataclass
@@ -115,12 +115,16 @@ class CommittedState:
 
     # ---- what is committed ------------------------------------------------------------------------------------------
     def _snapshot(self) -> dict:
+        # The job id travels with the rest: every rank (a joining one, a new rank 0) writes as rank 0's job.
         return copy.deepcopy({"position": asdict(self.position), "run_id": self.run_id, "user": self.user,
-                              "codec": self.codec.state_dict() if self.codec is not None else None})
+                              "codec": self.codec.state_dict() if self.codec is not None else None,
+                              "job_id": self.store.job_id if self.store is not None else ""})
 
     def _apply(self, saved: dict) -> None:
         saved = copy.deepcopy(saved)
         self.position, self.run_id, self.user = Position(**saved["position"]), saved["run_id"], saved["user"]
+        if self.store is not None and saved.get("job_id"):
+            self.store.job_id = saved["job_id"]
         if self.codec is not None and saved["codec"] is not None:
             self.codec.load_state_dict(saved["codec"])
 
@@ -189,20 +193,35 @@ class CommittedState:
                 "world_size": self._size(), "user": _jsonable(self._saved["user"])}
         self.store.save(self._saved["position"]["step"], files, meta)
 
-    def load_checkpoint(self) -> bool:
-        """Load the newest valid checkpoint into this rank's state (reporting any skipped); False if none.
-        Call on rank 0 before :func:`run`: its first ``sync()`` hands the loaded state to every rank."""
-        ckpt = self.store.latest() if self.store is not None else None
-        if ckpt is None:
+    def load_checkpoint(self, job_id: str | None = None) -> bool:
+        """Load the newest valid checkpoint (of job ``job_id``, when given) into this rank's state, reporting any
+        skipped; False if none. A checkpoint whose payload passes its checksum but does not decode is skipped like
+        a damaged one, and the next older one is tried. Call on rank 0 before :func:`run`: its first ``sync()``
+        hands the loaded state to every rank."""
+        if self.store is None:
             return False
-        self.tensors.from_files(ckpt.files)
-        self.position = Position(**ckpt.meta["position"])
-        self.run_id = ckpt.meta.get("run_id")
-        self.user.update(ckpt.meta.get("user", {}))
-        if self.codec is not None and "codec.npz" in ckpt.files:
-            self.codec.load_state_dict(_codec_from_bytes(ckpt.files["codec.npz"]))
+        fresh = self._snapshot()
+        return self.store.latest(job_id=job_id, load=lambda ckpt: self._load(ckpt, fresh)) is not None
+
+    def _load(self, ckpt, fresh: dict) -> None:
+        try:
+            self.tensors.from_files(ckpt.files)
+            meta = ckpt.meta
+            self.position = Position(**meta["position"])
+            self.run_id = meta.get("run_id")
+            self.user.update(meta.get("user", {}))
+            if self.codec is not None and "codec.npz" in ckpt.files:
+                try:
+                    self.codec.load_state_dict(_codec_from_bytes(ckpt.files["codec.npz"]))
+                except Exception as exc:  # noqa: BLE001 - numpy's and the codec's errors alike: an unusable file
+                    raise undecodable("codec.npz", exc) from None
+        except (CheckpointError, KeyError, TypeError) as exc:
+            # Part of it may be in the model already: back to the values before this attempt, then the next older.
+            self.tensors.restore()
+            self._apply(fresh)
+            detail = str(exc) if isinstance(exc, CheckpointError) else f"manifest.json: unusable metadata ({exc!r})"
+            raise CheckpointError(f"{ckpt.path}/{detail}") from None
         self.save()
-        return True
 
     # ---- resets -----------------------------------------------------------------------------------------------------
     def interrupted(self, reason: str) -> None:
