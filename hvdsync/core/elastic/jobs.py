@@ -28,20 +28,22 @@ JOB_ID_ENV = "HVDSYNC_JOB_ID"            # the job the workers write as
 RESUME_JOB_ENV = "HVDSYNC_RESUME_JOB"    # the job whose checkpoint rank 0 loads ("" = one without a job record)
 
 # The settings a resumed job must share with the job it continues (flat config names). They fix the model and its
-# optimizer state (architecture, optimizer, precision, codec state in the checkpoint), the data and its order (the
-# committed position counts samples of that order) and the update rule. train.lr is one of them: the same command
-# with another --lr is another experiment, and continuing a job with it would mix two trajectories under one job
-# and one MLflow run. Not among them, so they may change on resume: the worker counts (train.np, elastic.*: what an
-# elastic job changes anyway), train.epochs (a finished job can be trained further), the device, tracking,
-# monitoring, callbacks, and Horovod's performance knobs.
+# optimizer (architecture, optimizer and its hyper-parameters, precision, the codec whose state is in the
+# checkpoint), the data and its order (the committed position counts samples of that order) and the update rule.
+# train.lr is one of them: the same command with another --lr is another experiment, and continuing a job with it
+# would mix two trajectories under one job id and one MLflow run. Not among them, so they may change on resume:
+# how the work is placed (train.np, data.batch_size, which is per worker and follows the world size, elastic.*,
+# sync.mode and sync.ps_servers: the committed optimizer state is whole and is cut anew for another world or
+# sharding), train.epochs (a finished job can be trained further), the device, tracking, monitoring, callbacks,
+# and Horovod's performance knobs.
 JOB_FIELDS = (
     "train.framework", "train.model", "train.hidden", "train.optimizer", "train.momentum", "train.lr",
     "train.lr_scaling", "train.growth_lr", "train.seed", "train.precision", "train.plugins",
-    "data.dataset", "data.batch_size", "data.test_fraction", "data.shuffle", "data.synthetic_samples",
-    "data.synthetic_features", "data.synthetic_classes", "data.synthetic_spread", "data.image_size",
-    "data.image_channels", "data.shares", "data.batch_growth",
+    "data.dataset", "data.test_fraction", "data.shuffle", "data.synthetic_samples", "data.synthetic_features",
+    "data.synthetic_classes", "data.synthetic_spread", "data.image_size", "data.image_channels", "data.shares",
+    "data.batch_growth",
     "sync.compression", "sync.error_feedback", "sync.momentum_correction", "sync.accumulate", "sync.op",
-    "sync.mode", "sync.ps_servers", "sync.period", "sync.warmup_steps", "sync.sparse",
+    "sync.period", "sync.warmup_steps", "sync.sparse",
 )
 
 
