@@ -75,8 +75,9 @@ class Config:
         if path is not None:
             p = Path(path)
             if not p.is_file():
-                raise ConfigError(f"config file: {str(p)!r} does not exist")
-            loaded = yaml.safe_load(p.read_text()) or {}
+                what = "is a folder; give the path of a YAML file" if p.is_dir() else "does not exist"
+                raise ConfigError(f"config file: {str(p)!r} {what}")
+            loaded = _parse_yaml(_read_text(p), f"config file {str(p)!r}", "a YAML or JSON mapping of sections") or {}
             if not isinstance(loaded, dict):
                 raise ConfigError(f"config file: {str(p)!r} must hold a mapping of sections")
             raw = loaded
@@ -110,7 +111,34 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     raw.setdefault(section, {})
     if not isinstance(raw[section], dict):
         raise ConfigError(f"{section}: expected a mapping of fields, got {raw[section]!r}")
-    raw[section][name] = yaml.safe_load(value) if value.strip() else ""
+    raw[section][name] = _parse_yaml(value, f"--set {item!r}", "a YAML value: 4, 0.1, true, fp16, [1, 2], "
+                                     "or quoted text", position=False) if value.strip() else ""
+
+
+def _read_text(path: Path) -> str:
+    """The text of a config file, or one line naming it: unreadable, or not UTF-8 (YAML's and JSON's encoding)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file {str(path)!r}, line {line}: byte {exc.object[exc.start]:#04x} (at offset "
+                          f"{exc.start}) is not UTF-8 ({exc.reason}); save the file as UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
+
+
+def _parse_yaml(text: str, source: str, allowed: str, position: bool = True) -> Any:
+    """``yaml.safe_load(text)``, its syntax errors as one line: where (line and column, counted from 1, as an
+    editor shows them) and what the parser found, instead of its multi-line report."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None and position else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        raise ConfigError(f"{source}{where}: {context + ': ' if context else ''}{problem}; expected {allowed}") \
+            from exc  # the parser's own report: shown with --debug
 
 
 def from_command_line(argv: list[str] | None = None, framework: str | None = None) -> Config:

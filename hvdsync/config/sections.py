@@ -93,7 +93,13 @@ class SyncConfig:
         _choice("sync.op", self.op, REDUCE_OPS)
         if self.op == "adasum" and not codec.cast:
             # Adasum combines whole gradients pairwise; sparse or low-rank pieces have no Adasum.
-            _fail("sync.compression", self.compression, "with sync.op adasum choose one of: none, fp16, bf16")
+            # The allowed ones are the cast codecs (bf16 travels by allgather: not an all-reduce Adasum can do).
+            from hvdsync.core.comm.codecs import CODECS
+
+            cast = [name for name, entry in CODECS.items() if entry.param is None and _is_cast(entry)]
+            _fail("sync.compression", self.compression, f"with sync.op adasum (Adasum combines whole gradients in "
+                  f"Horovod's all-reduce, and {self.compression!r} does not travel by all-reduce) choose one of: "
+                  f"{', '.join(cast)}; or keep {self.compression!r} with sync.op average or sum")
         self._check_sparse(codec)
         _number("sync.fusion_threshold_mb", self.fusion_threshold_mb, 0.0)
         _number("sync.cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
@@ -375,3 +381,11 @@ class MonitorConfig:
         _int("monitor.every", self.every, 0)
         _number("monitor.straggler_ratio", self.straggler_ratio, 1.0, low_open=True)
         _number("monitor.divergence_tolerance", self.divergence_tolerance, 0.0)
+
+
+def _is_cast(entry) -> bool:
+    """Whether a registered codec (one without a parameter) is a cast codec, the kind Adasum can carry."""
+    try:
+        return bool(entry.make().cast)
+    except Exception:  # noqa: BLE001 - a user's codec that cannot be built bare is not offered
+        return False

@@ -137,3 +137,120 @@ def raise_clear(run_dir: Path, driver_log: list[str], elastic, exc: Exception | 
     if exc is not None and any("Timed out waiting for" in m or "minimum number of slots" in m for m in driver_log):
         raise WorkerError(f"elastic job ended: fewer than elastic.min_np={elastic.min_np} workers were available for "
                           f"elastic.timeout_s={elastic.timeout_s}s after a reset (log: {run_dir})") from None
+
+
+class Stopped(KeyboardInterrupt):
+    """The user stopped the job: SIGINT (Ctrl-C) or SIGTERM reached the launcher, which stopped the workers.
+
+    A ``KeyboardInterrupt`` so that whatever ends on an interrupt ends on this too (the job's MLflow run as
+    ``KILLED``: :func:`hvdsync.core.telemetry.jobrun.status_for`). ``signum`` gives the conventional exit status,
+    128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        super().__init__(f"stopped by the user ({signal.Signals(signum).name})")
+
+
+@contextlib.contextmanager
+def signals_seen() -> Iterator[list[int]]:
+    """The signals Horovod's launcher received while the block runs, in a list.
+
+    Horovod's launcher (``horovod.runner.gloo_run.register_shutdown_event``) points SIGINT and SIGTERM at an event
+    that stops its workers, then reports their exit codes as a failure ("exit code 143"): the signal itself is lost.
+    Wrapping that registration keeps the signal, so the launcher can say the user stopped the job."""
+    import signal
+
+    from horovod.runner import gloo_run
+
+    seen: list[int] = []
+    original = gloo_run.register_shutdown_event
+
+    def register():
+        event = original()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            horovod_handler = signal.getsignal(signum)
+
+            def handler(number, frame, horovod_handler=horovod_handler):
+                seen.append(number)
+                horovod_handler(number, frame)
+
+            signal.signal(signum, handler)
+        return event
+
+    gloo_run.register_shutdown_event = register
+    try:
+        yield seen
+    finally:
+        gloo_run.register_shutdown_event = original
+
+
+def _probe_folder(folder: Path) -> str | None:
+    """Why nothing can be created in the existing folder ``folder`` (None: a file was created and removed there).
+    A real creation, not ``os.access``: that also answers for read-only mounts and immutable folders as root."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".hvdsync-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    import os
+
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def unwritable(path: str | Path, kind: str = "folder") -> str | None:
+    """Why the job could not write ``path`` (a ``kind``: ``"folder"`` it creates if missing, or ``"file"``), else
+    None. Nothing is created but a probe file, removed at once."""
+    path = Path(path).expanduser().absolute()
+    if path.exists():
+        if kind == "folder" and not path.is_dir():
+            return f"{path} is a file, not a folder"
+        if kind == "file" and path.is_dir():
+            return f"{path} is a folder, not a file"
+        if kind == "file":
+            try:
+                with open(path, "ab"):
+                    pass
+            except OSError as exc:
+                return f"{path} cannot be written ({exc.strerror or exc})"
+    # Missing parts are created by the job: the nearest existing one must be a folder that takes new entries (a
+    # file's folder too: SQLite writes its journal beside the database).
+    start = path if kind == "folder" else path.parent
+    existing = next(p for p in (start, *start.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, where {path} needs a folder"
+    why = _probe_folder(existing)
+    return None if why is None else f"{existing} cannot be written ({why})"
+
+
+def check_outputs(cfg, log_dir: str | Path | None = None) -> None:
+    """Raise one :class:`ConfigError` line for the first path the job would write and cannot: ``--log-dir``, the
+    checkpoint folder, a local tracking store (SQLite file or file store) and the spool. Before any worker starts,
+    instead of a traceback after minutes of training."""
+    from hvdsync.config import ConfigError
+
+    wanted: list[tuple[str, Path, str]] = []
+    if log_dir:
+        wanted.append(("--log-dir", Path(log_dir), "folder"))
+    if cfg.elastic.checkpoint_dir:
+        wanted.append(("elastic.checkpoint_dir (--checkpoint-dir)", Path(cfg.elastic.checkpoint_dir), "folder"))
+    if cfg.tracking.enabled:
+        from hvdsync.core.telemetry.spool import default_spool_dir
+        from hvdsync.core.telemetry.store import resolve_uri, sqlite_path
+
+        uri = resolve_uri(cfg.tracking.tracking_uri)
+        db = sqlite_path(uri)
+        if db is not None:
+            wanted.append(("tracking.tracking_uri (--tracking-uri)", db, "file"))
+        elif uri.startswith("file://") or "://" not in uri:
+            wanted.append(("tracking.tracking_uri (--tracking-uri)", Path(uri.removeprefix("file://")), "folder"))
+        spool = Path(cfg.tracking.spool_dir) if cfg.tracking.spool_dir else default_spool_dir()
+        wanted.append(("tracking.spool_dir", spool, "folder"))
+    for name, path, kind in wanted:
+        why = unwritable(path, kind)
+        if why:
+            raise ConfigError(f"{name}: {why}; give a {kind} this user can write")

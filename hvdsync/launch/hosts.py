@@ -107,6 +107,11 @@ def read_hostfile(path: str | os.PathLike[str]) -> list[Host]:
     """Read a hostfile (see :func:`parse_hostfile`); messages name the file and the line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        line = error.object[:error.start].count(b"\n") + 1
+        raise ConfigError(f"--hostfile: {str(path)!r}, line {line}: byte {error.object[error.start]:#04x} (at offset "
+                          f"{error.start}) is not UTF-8 ({error.reason}); a hostfile is text, one '<host> slots=<N>' "
+                          "per line") from None
     except OSError as error:
         raise ConfigError(f"--hostfile: {str(path)!r} cannot be read ({error.strerror or error}); "
                           "give the path of a file with one '<host> slots=<N>' per line") from None
@@ -248,3 +253,22 @@ def loopback_problem(hosts: list[Host], *, hostname: str | None = None,
             f"/etc/hosts (e.g. '<that address> {hostname}' instead of '{address} {hostname}'); "
             "--network-interface alone does not fix this")
 
+
+
+def same_host_twice(hosts: list[Host], local: set[str] | None = None) -> str | None:
+    """A note when two entries of a static host list name one machine (``localhost`` and ``127.0.0.1``, or a name
+    and its address), else None. Horovod counts local ranks per entry, so both entries' ranks start at local rank 0
+    on that machine; it runs, but two ranks then share local rank 0 (and its GPU, where GPUs are used).
+    ``local``: this machine's addresses (every loopback address counts as this machine too)."""
+    seen: dict[str, str] = {}
+    for host in hosts:
+        try:
+            address = socket.gethostbyname(host.name)
+        except OSError:
+            continue  # an unresolvable name is the reachability check's business
+        machine = "this machine" if _is_loopback(address) or address in (local or set()) else address
+        if machine in seen:
+            return (f"hosts: {seen[machine]!r} and {host.name!r} are the same machine ({machine}); list it once "
+                    f"with all its slots ({seen[machine]}:N)")
+        seen[machine] = host.name
+    return None

@@ -28,7 +28,8 @@ from hvdsync.core.train.loop import FitResult
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.runtime import apply_horovod_env
 from hvdsync.launch import worker
-from hvdsync.launch.base import WorkerError, follow_progress, gloo_built, horovod_frameworks, mpi_built
+from hvdsync.launch.base import (Stopped, WorkerError, follow_progress, gloo_built, horovod_frameworks, mpi_built,
+                                 signals_seen)
 from hvdsync.launch.workers import Workers
 
 # Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
@@ -105,6 +106,9 @@ def _where(hosts, np: int, ssh_port: int | None, ssh_identity_file: str | None,
     if problem:
         raise ConfigError(f"hosts: {problem}")
     reach.check_hosts(listed, ssh_port, ssh_identity_file, network_interfaces)
+    note = host_lists.same_host_twice(listed, reach.local_addresses())
+    if note:
+        print(f"hvdsync: warning: {note}", file=sys.stderr)
     where: dict[str, Any] = {"hosts": host_lists.to_horovod(listed)}
     if ssh_port is not None:
         where["ssh_port"] = ssh_port
@@ -191,8 +195,10 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} \
             if threading.current_thread() is threading.main_thread() else {}
         timer = threading.Timer(timeout, lambda: (expired.set(), workers.stop())) if timeout else None
+        signals: list[int] = []
         try:
             stack.enter_context(_build_checks_from_binaries())
+            signals = stack.enter_context(signals_seen())  # what stopped Horovod's launcher, if a signal
             payload = cloudpickle.dumps((fn, args, kwargs or {}))
             if timer is not None:
                 timer.daemon = True
@@ -201,17 +207,22 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
                                          start_timeout=start_timeout, **where)
         except Exception as exc:
             log.flush()
+            if signals:  # the user stopped the job: Horovod stopped the workers and called that a failure
+                workers.stop()
+                raise Stopped(signals[0]) from None
             if expired.is_set():
                 raise WorkerError(f"Horovod workers did not finish within timeout={timeout} s and were stopped; "
                                   f"their Python stacks and last lines of {log_path}:\n"
                                   f"{_tail(log_path, 120)}") from None
             raise WorkerError(f"Horovod workers failed ({exc}).\nLast lines of {log_path}:\n"
                               f"{_tail(log_path)}") from None
-        except BaseException:
+        except BaseException as exc:
             # Interrupted from outside (a time limit, Ctrl-C outside Horovod's handler): the launcher's non-daemon
             # threads would otherwise keep this interpreter alive for as long as the workers run.
             workers.stop()
             log.flush()
+            if isinstance(exc, Stopped):  # the user's own stop: one line from the CLI, not the workers' stacks
+                raise
             print(f"hvdsync.launch.local: interrupted; workers stopped. Their stacks and last lines of {log_path}:\n"
                   f"{_tail(log_path, 120)}", file=terminal, flush=True)
             raise

@@ -12,9 +12,12 @@ Every command reads the store from ``--tracking-uri`` (default: ``MLFLOW_TRACKIN
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,10 +36,65 @@ CURVES = (("step/loss", "train_loss", "loss"), ("test_accuracy", "test_accuracy"
           ("step/samples_per_second", "samples_per_second", "samples/s"))
 
 
-def _client(uri: str):
+def _client(uri: str, must_exist: bool = False):
     import mlflow
 
-    return mlflow.MlflowClient(tracking_uri=resolve_uri(uri))
+    uri = resolve_uri(uri)
+    check_store(uri, must_exist)
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def check_store(uri: str, must_exist: bool = False) -> None:
+    """One :class:`ConfigError` line for a local SQLite store MLflow cannot read: missing (where ``must_exist``:
+    reading a store that is not there would create an empty one), not a database, or written by a newer MLflow."""
+    import sqlite3
+
+    from hvdsync.core.telemetry.store import _inspect, newer_schema, sqlite_path
+
+    db = sqlite_path(uri)
+    if db is None:
+        return
+    if not db.exists() or db.stat().st_size == 0:
+        if must_exist:
+            raise ConfigError(f"--tracking-uri: no store at {db} (the file does not exist or is empty); give the "
+                              "store a job wrote, e.g. sqlite:///mlflow.db in the folder it ran in")
+        return
+    if db.is_dir():
+        raise ConfigError(f"--tracking-uri: {db} is a folder; a sqlite:/// store is a file (a folder is a file "
+                          "store: give it without sqlite:///)")
+    try:
+        _tables, revision, _rows = _inspect(db)
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError(f"--tracking-uri: {db} is not an MLflow store ({exc}); give the store's database "
+                          "file") from None
+    newer = newer_schema(db, revision)
+    if newer:
+        raise ConfigError(newer)
+
+
+def _store_error(exc: BaseException, uri: str) -> ConfigError | None:
+    """The one line for what the store answered (or did not), or None for an error that is not the store's."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    where = resolve_uri(uri)
+    text = str(exc).strip().splitlines()
+    first = text[0][:300] if text else type(exc).__name__
+    if isinstance(exc, MlflowException) and exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+        return ConfigError(f"{first.rstrip('.')} in the store {where}; `hvdsync runs list` shows its run ids")
+    if isinstance(exc, (requests.exceptions.RequestException, MlflowException)) and where.startswith("http"):
+        timeout = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
+        why = ("no answer within MLFLOW_HTTP_REQUEST_TIMEOUT=" + f"{timeout} s" if "timed out" in str(exc).lower()
+               else "connection refused" if "refused" in str(exc).lower() else first)
+        return ConfigError(f"--tracking-uri: the MLflow server {where} did not answer ({why}); start it, or give "
+                           "another store")
+    if isinstance(exc, MlflowException):
+        return ConfigError(f"tracking store {where}: {first}")
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.SQLAlchemyError):
+        return ConfigError(f"tracking store {where} cannot be read ({first})")
+    return None
 
 
 def _experiment_ids(client, name: str | None) -> list[str]:
@@ -68,6 +126,9 @@ def list_runs(uri: str = "", experiment: str | None = None, limit: int = 20) -> 
 def _cmd_list(ns) -> int:
     from hvdsync.core.telemetry.jobrun import end_abandoned
 
+    if ns.limit < 1:
+        raise ConfigError(f"--limit: {ns.limit} is not allowed; expected an integer >= 1 (the newest runs shown)")
+    _client(ns.tracking_uri, must_exist=True)  # checked first: the store is named when it cannot be read
     # A job killed whole (launcher included) left its run RUNNING: end it as KILLED before showing it.
     end_abandoned(uri=resolve_uri(ns.tracking_uri))
     runs = list_runs(ns.tracking_uri, ns.experiment, ns.limit)
@@ -89,7 +150,7 @@ def compare(run_ids: list[str], uri: str = "", baseline: str | None = None, out:
     Returns ``{"differing": {param: [value per run]}, "metrics": {run_id: {metric: value}},
     "ratios": {run_id: {metric: ratio}}, "png": path}``.
     """
-    client = _client(uri)
+    client = _client(uri, must_exist=True)
     runs = [client.get_run(r) for r in run_ids]
     baseline = baseline or run_ids[0]
     if baseline not in run_ids:
@@ -168,6 +229,9 @@ def _cmd_push(ns) -> int:
             paths += sorted(p.glob("*.jsonl"))
             folders.append(p)
         elif p.is_file():
+            if _spool_target(p) is None:
+                raise ConfigError(f"spool: {str(p)!r} is not a spool file (no record naming its store); give a "
+                                  ".jsonl file of hvdsync's spool folder, or the folder")
             paths.append(p)
             folders.append(p.parent)
         else:
@@ -190,6 +254,16 @@ def _cmd_push(ns) -> int:
     return 1 if failed else 0
 
 
+def _spool_target(path: Path) -> str | None:
+    """The store a spool file is for, None where the file is no spool (empty, not JSON lines, no store named)."""
+    from hvdsync.core.telemetry.spool import Spool
+
+    try:
+        return Spool(path).target()
+    except (ValueError, OSError, AttributeError, TypeError):
+        return None
+
+
 # ---- ui ---------------------------------------------------------------------------------------------------------
 def ui_command(uri: str = "", port: int = 5000, artifacts: str | None = None) -> list[str]:
     """The ``mlflow server`` command that serves the store ``uri`` (and its UI) on 127.0.0.1:``port``."""
@@ -201,10 +275,53 @@ def ui_command(uri: str = "", port: int = 5000, artifacts: str | None = None) ->
     return cmd + (["--artifacts-destination", artifacts] if artifacts else [])
 
 
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """One :class:`ConfigError` line when the UI could not listen on ``port``: out of range, or taken."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port: {port} is not allowed; expected a TCP port from 1 to 65535 (default 5000)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"--port: {host}:{port} cannot be used ({exc.strerror or exc}); choose a free port, "
+                              f"e.g. --port {port + 1 if port < 65535 else 5000}") from None
+
+
 def _cmd_ui(ns) -> int:
+    check_port(ns.port)
     cmd = ui_command(ns.tracking_uri, ns.port, ns.artifacts_destination)
+    # The server in a process group of its own: a stop (Ctrl-C, SIGTERM) reaches all of it, its workers included,
+    # and the command waits until they are gone.
+    server = subprocess.Popen(cmd, start_new_session=True)
     print(f"MLflow UI on http://127.0.0.1:{ns.port} (Ctrl-C stops it)", flush=True)
-    return subprocess.call(cmd)
+    try:
+        return server.wait()
+    except KeyboardInterrupt:
+        _stop_group(server)
+        raise
+
+
+def _stop_group(server: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL to what is left after ``grace`` seconds."""
+    import psutil
+
+    try:
+        members = [p for p in psutil.process_iter() if _group_of(p) == server.pid]
+        os.killpg(server.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    _gone, alive = psutil.wait_procs(members, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    server.wait()
+
+
+def _group_of(proc) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
 
 
 # ---- reproduce --------------------------------------------------------------------------------------------------
@@ -216,7 +333,8 @@ def reproduce(run_id: str, uri: str = "", quiet: bool = True) -> dict:
     from hvdsync import launch
     from hvdsync.core.telemetry.record import versions
 
-    client = _client(uri)
+    client = _client(uri, must_exist=True)
+    client.get_run(run_id)  # an unknown id: one line naming it, before the record is looked for
     with tempfile.TemporaryDirectory() as tmp:
         rec = json.loads(Path(client.download_artifacts(run_id, "hvdsync/record.json", tmp)).read_text())
     raw = rec["config"]
@@ -261,9 +379,6 @@ def sweep(base: Config, sweeps: list[str], quiet: bool = True) -> dict:
     Every config is built (and validated) before anything starts. Configs that share the framework, the number of
     workers and Horovod's knobs run in one worker job. Returns ``{"parent": id, "children": [(overrides,
     FitResult dict)]}``."""
-    from hvdsync import launch
-    from hvdsync.launch import worker
-
     combos = grid(sweeps)
     base_raw = base.to_dict()
     configs = []
@@ -280,6 +395,25 @@ def sweep(base: Config, sweeps: list[str], quiet: bool = True) -> dict:
         key = (cfg.train.framework, cfg.train.np, tuple(sorted(cfg.sync.horovod_env().items())))
         groups.setdefault(key, []).append(i)
     results: list[dict | None] = [None] * len(configs)
+    try:
+        _run_groups(configs, combos, groups, parent, results, quiet)
+    except BaseException as exc:
+        if parent:  # stopped by the user (KILLED) or a worker failed (FAILED): the parent says so too
+            from hvdsync.core.telemetry.jobrun import status_for
+
+            with contextlib.suppress(Exception):
+                _client(base.tracking.tracking_uri).set_terminated(parent, status=status_for(exc))
+        raise
+    if parent:
+        _client(base.tracking.tracking_uri).set_terminated(parent)
+    return {"parent": parent, "children": list(zip(combos, results))}
+
+
+def _run_groups(configs, combos, groups, parent, results, quiet) -> None:
+    """Each group of configs that can share workers, in one worker job; results filled in by index."""
+    from hvdsync import launch
+    from hvdsync.launch import worker
+
     for idx in groups.values():
         dicts = [configs[i].replace(tracking={"parent_run_id": parent or "",
                                               "run_name": ",".join(combos[i])}).to_dict() for i in idx]
@@ -288,9 +422,6 @@ def sweep(base: Config, sweeps: list[str], quiet: bool = True) -> dict:
                            quiet=quiet)
         for i, res in zip(idx, ranks[0]):
             results[i] = res
-    if parent:
-        _client(base.tracking.tracking_uri).set_terminated(parent)
-    return {"parent": parent, "children": list(zip(combos, results))}
 
 
 def _parent_run(base: Config, combos: list[list[str]]) -> str | None:
@@ -328,6 +459,7 @@ def add_parsers(sub) -> None:
         p.add_argument("--tracking-uri", default="", help="MLflow store (default: MLFLOW_TRACKING_URI or MLflow's)")
         return p
 
+    runs.set_defaults(subparsers=rsub)
     p = common(rsub.add_parser("list", help="the newest runs"))
     p.add_argument("--experiment")
     p.add_argument("--limit", type=int, default=20)
@@ -357,14 +489,33 @@ def add_parsers(sub) -> None:
     train_options(s)
 
 
+def subcommands(sub) -> list[argparse.ArgumentParser]:
+    """The parsers of ``runs list``, ``runs compare``, ... (for options every command shares, such as --debug)."""
+    rsub = sub.choices["runs"].get_default("subparsers")
+    return list(rsub.choices.values())
+
+
+# What a ``runs`` command waits for a server that takes the connection and never answers (MLflow's default is 120 s
+# per try, 7 tries): it reads, so a few seconds say enough. A job's own tracking keeps HTTP_ENV's longer timeout.
+RUNS_HTTP_TIMEOUT_S = "5"
+
+
 def main(ns: argparse.Namespace, base: Config | None = None) -> int:
     """Dispatch a parsed ``runs`` or ``sweep`` command."""
     from hvdsync.core.telemetry.tracking import HTTP_ENV
 
     # A dead server fails these commands in seconds, not after MLflow's minutes of retries; and no "View run"
     # lines between our own output.
+    if ns.command == "runs":
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", RUNS_HTTP_TIMEOUT_S)
     for key, value in HTTP_ENV.items():
         os.environ.setdefault(key, value)
     if ns.command == "sweep":
         return _cmd_sweep(ns, base)
-    return ns.handler(ns)
+    try:
+        return ns.handler(ns)
+    except Exception as exc:
+        line = _store_error(exc, getattr(ns, "tracking_uri", ""))
+        if line is None:
+            raise
+        raise line from exc

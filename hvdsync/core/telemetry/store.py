@@ -96,6 +96,26 @@ def _inspect(db: Path) -> tuple[set[str], str | None, int]:
         con.close()
 
 
+def newer_schema(db: Path, revision: str | None) -> str | None:
+    """One line when the store's schema revision is one the installed MLflow does not know: a newer MLflow wrote
+    it (no migration of ours can help, and the store is not damaged), else None."""
+    if revision is None:
+        return None
+    from importlib import metadata
+
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    try:
+        ScriptDirectory.from_config(_get_alembic_config(db_url="")).get_revision(revision)
+        return None
+    except Exception:  # noqa: BLE001 - alembic says "Can't locate revision" in several exception types
+        pass
+    return (f"tracking store {db} was written by a newer MLflow (schema revision {revision}); the installed mlflow "
+            f"{metadata.version('mlflow')} knows up to {_head_revision()}: upgrade it (pip install -U mlflow) or "
+            f"point tracking.tracking_uri (--tracking-uri) at another store")
+
+
 def _healthy(tables: set[str], revision: str | None) -> bool:
     from mlflow.store.db.base_sql_model import Base
 
@@ -166,6 +186,9 @@ def prepare_store(uri: str) -> str | None:
                                  f"tracking.tracking_uri at a new store") from None
             if _healthy(tables, revision):
                 return None
+            newer = newer_schema(db, revision)
+            if newer:
+                raise StoreError(newer)
             if tables:
                 return _upgrade(db, revision, rows, stamp)
         tmp = db.parent / f".{db.name}.hvdsync-new-{os.getpid()}"
