@@ -7,9 +7,11 @@
     TensorFlow's only: TensorFlowBackend (the backend class, named after its framework), DistributedOptimizer (a
     Keras optimizer, for compile), callbacks (Keras callbacks), keras_fit (elastic Keras fit of your own model)
 
-Horovod 0.28.1's own TensorFlow helpers (``DistributedGradientTape``, the Keras callbacks, ``SyncBatchNormalization``)
-are written for Keras 2 and fail on Keras 3 variables; this adapter builds on Horovod's low-level collectives
-(``grouped_allreduce``, ``broadcast``, ``allreduce``, ``allgather``), which work.
+Horovod 0.28.1's own TensorFlow helpers (``DistributedGradientTape``, ``horovod.tensorflow.keras``' optimizer and
+callbacks, ``SyncBatchNormalization``) were written for Keras 2 and fail on Keras 3 variables as released; hvdsync's
+Horovod build patches them for Keras 3 (scripts/horovod-patches/0008), so a plain Horovod script runs on it
+(examples/plain/horovod_keras_fit.py, horovod_tf2_tape.py). This adapter does not need them: it builds on Horovod's
+low-level collectives (``grouped_allreduce``, ``broadcast``, ``allreduce``, ``allgather``), which work on any build.
 """
 import os
 

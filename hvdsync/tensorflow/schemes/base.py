@@ -2,8 +2,9 @@
 gradients (``sync.mode: allreduce``), whose ``synchronize``/``step`` phases each other mode overrides (mirrors
 ``hvdsync/torch/schemes/base.py``).
 
-Horovod 0.28.1's ``DistributedOptimizer``/``DistributedGradientTape`` fail on Keras 3 variables and cannot
-accumulate. :class:`DistributedOptimizer` wraps any Keras 3 optimizer (as Keras' own ``LossScaleOptimizer`` does),
+Horovod 0.28.1's ``DistributedOptimizer``/``DistributedGradientTape`` fail on Keras 3 variables as released (hvdsync's
+Horovod build patches them: scripts/horovod-patches/0008), and its tape cannot accumulate; this optimizer needs
+neither. :class:`DistributedOptimizer` wraps any Keras 3 optimizer (as Keras' own ``LossScaleOptimizer`` does),
 so ``model.compile(optimizer=distributed_optimizer(...))`` and ``model.fit`` work, eagerly, inside ``tf.function``
 and with ``steps_per_execution > 1``; its collectives are Horovod's low-level ``grouped_allreduce`` and
 ``broadcast``, which work with Keras 3. Horovod's ops have no XLA kernels: compile with ``jit_compile=False`` where
