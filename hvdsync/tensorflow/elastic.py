@@ -46,12 +46,15 @@ class KerasTensors:
     """The Keras part of the elastic state (:class:`hvdsync.core.elastic.state.Tensors`)."""
 
     def __init__(self, model: keras.Model, optimizer) -> None:
+        if hasattr(optimizer, "broadcast_done"):  # the state's sync broadcasts: hvdsync's optimizer must not
+            optimizer.broadcast_done = True
         if not optimizer.built:
             optimizer.build(model.trainable_variables)  # the lazy slots, before anything is listed
         # hvdsync's DistributedOptimizer lists its own variables (the accumulation sums and the pass counter: a
         # joining worker must count passes like the others) and the wrapped optimizer's (iterations, slots).
         # Each once: a variable listed twice would be broadcast and checkpointed twice.
         self.variables = list({id(v): v for v in [*model.variables, *optimizer.variables]}.values())
+        self.optimizer = optimizer
         self.fingerprint = fingerprint(model)
         self.save()
 
@@ -63,6 +66,10 @@ class KerasTensors:
             v.assign(value)
 
     def sync(self) -> None:
+        # Every variable from rank 0 here: hvdsync's DistributedOptimizer must not broadcast again at its first
+        # update (a joining worker would broadcast alone and wait forever).
+        if hasattr(self.optimizer, "broadcast_done"):
+            self.optimizer.broadcast_done = True
         for i, v in enumerate(self.variables):
             # Named by position: every rank lists the same variables in the same order (slots built first).
             value = v.value if isinstance(v, keras.Variable) else v.read_value()  # Keras 3 or plain tf.Variable

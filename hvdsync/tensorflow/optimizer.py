@@ -14,7 +14,7 @@ import keras
 from hvdsync.adapter import states_the_accumulation_rule, sync_settings
 from hvdsync.core.comm.codecs import WireCounter, get_codec
 from hvdsync.tensorflow.schemes import scheme_optimizer
-from hvdsync.tensorflow.schemes.base import DistributedOptimizer, allreduce_gradients
+from hvdsync.tensorflow.schemes.base import DistributedOptimizer, allreduce_gradients, building_quietly
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients", "distributed_optimizer", "broadcast_state"]
 
@@ -44,18 +44,27 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
 
     {accumulation_rule}
 
+    Every rank starts from rank 0's variables, as with DDP: unless :func:`broadcast_state` (the broadcast callback,
+    an elastic state) did it, the optimizer broadcasts rank 0's trained variables and its own once, when Keras
+    builds it in ``fit`` (before the first step) or else at its first update
+    (:meth:`DistributedOptimizer.start_from_rank_zero`).
+
     Example:
         >>> model.compile(optimizer=distributed_optimizer(keras.optimizers.SGD(0.1), accumulate=4),  # doctest: +SKIP
         ...               loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
         >>> model.fit(dataset, callbacks=[BroadcastGlobalVariablesCallback(0)])                    # doctest: +SKIP
     """
     sync = sync_settings(sync, compression=compression, accumulate=accumulate, op=op, sparse=sparse, horovod=hvd)
+    # Built over the model here without a broadcast: an elastic job builds before its loop, where no collective
+    # may run. The first update broadcasts rank 0's variables unless broadcast_state (or an elastic state) did.
     if sync.mode != "allreduce":  # local SGD (hvdsync.tensorflow.schemes): the same optimizer, other phases
-        return scheme_optimizer(optimizer, model, sync, counter)
+        with building_quietly():
+            return scheme_optimizer(optimizer, model, sync, counter)
     # This optimizer's one codec: its state (residuals, PowerSGD's Q) and SGD's momentum under correction live in it.
     wrapped = DistributedOptimizer(optimizer, sync, get_codec(sync.compression), counter, seed)
     if model is not None:
-        wrapped.build(model.trainable_variables)
+        with building_quietly():
+            wrapped.build(model.trainable_variables)
     return wrapped
 
 
@@ -65,14 +74,17 @@ def broadcast_state(model: keras.Model, optimizer: keras.optimizers.Optimizer | 
     optimizer variables (step count, learning rate, momentum or Adam moments, gradient sums).
 
     Without this, ranks that initialised differently would all-reduce gradients of *different* models and drift
-    apart silently. An optimizer that was not built yet is built over the model's trainable variables first, since
-    Keras 3 creates slot variables lazily.
+    apart silently (hvdsync's :class:`DistributedOptimizer` broadcasts before its first update when nobody did:
+    this marks it done, so it does not broadcast again). An optimizer that was not built yet is built over the
+    model's trainable variables first, since Keras 3 creates slot variables lazily.
     """
     variables = list(model.variables)
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
         variables += list(optimizer.variables)
+        if hasattr(optimizer, "broadcast_done"):
+            optimizer.broadcast_done = True
     for i, v in enumerate(variables):
         # Named by position: every rank lists the same variables in the same order, and Horovod pairs the ranks'
         # requests by name.

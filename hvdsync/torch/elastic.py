@@ -25,6 +25,7 @@ import torch
 from hvdsync.core.elastic.checkpoint import undecodable
 from hvdsync.elastic import ElasticState, configured_state, run
 from hvdsync.fitting import fit_elastic_with
+from hvdsync.torch.optimizer import mark_broadcast_done
 from hvdsync.core.train.scaling import scaled_lr
 
 
@@ -66,6 +67,9 @@ class TorchTensors:
             self.optimizer.load_state_dict(self._optimizer_state)
 
     def sync(self) -> None:
+        # Everything from rank 0 here: hvdsync's distributed optimizer must not broadcast again before its first
+        # step (a joining worker would broadcast alone and wait forever).
+        mark_broadcast_done(self.model, self.optimizer)
         # The optimizer before the model: on a rank whose optimizer has no state yet (a joining worker, or every
         # rank but 0 of a resumed job) Horovod's broadcast_optimizer_state first takes a step on zero gradients to
         # create it, and with weight decay that step moves the parameters; the model's broadcast then undoes it.

@@ -42,6 +42,10 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
 
     {accumulation_rule}
 
+    Every rank starts from rank 0's parameters and optimizer state, as with DDP: unless :func:`broadcast_state`
+    (or an elastic state's sync) did it already, they are broadcast once, before the first training forward pass
+    of ``model`` (``model.training`` and gradients enabled), or, without ``model``, before the first ``step()``.
+
     Gradients that total at most ``sync.grouped_mb`` MiB (default 25, DDP's bucket) are all-reduced in one grouped
     call after the backward pass (:class:`~hvdsync.torch.grouped.GroupedOptimizer`); larger models get
     ``hvd.DistributedOptimizer``'s per-tensor hooks, whose all-reduces overlap the rest of backward.
@@ -63,14 +67,15 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
             raise _needs_model(sync)
         from hvdsync.torch.schemes import scheme_optimizer
 
-        return scheme_optimizer(optimizer, model, sync, counter)
+        return _starts_from_rank_zero(scheme_optimizer(optimizer, model, sync, counter), model)
     codec = get_codec(sync.compression)  # this optimizer's one codec: its state and momentum live in it
     # ---- codecs that change the gradient's shape (top-k, rand-k, int8, PowerSGD): reduced after the backward
     # pass by hvdsync.torch.compression; cast codecs keep Horovod's asynchronous all-reduce below.
     if not codec.cast:
         if model is None:
             raise _needs_model(sync)
-        return CodecOptimizer(optimizer, model.named_parameters(), sync, codec, counter, seed)
+        return _starts_from_rank_zero(CodecOptimizer(optimizer, model.named_parameters(), sync, codec, counter, seed),
+                                      model)
     # ---- end of the codec dispatch
     # In place: Horovod (or the grouped call) reduces the returned wire tensor and hands it back to decompress,
     # which writes the result into p.grad; without it fp16 allocated a float16 and a float32 copy of every
@@ -78,7 +83,8 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     compressor = CodecCompressor(codec, counter, in_place=True)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if groups_after_backward(sync, params):
-        return GroupedOptimizer(optimizer, model.named_parameters() if model is not None else None, sync, compressor)
+        return _starts_from_rank_zero(
+            GroupedOptimizer(optimizer, model.named_parameters() if model is not None else None, sync, compressor), model)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=list(model.named_parameters()) if model is not None else None,
@@ -89,7 +95,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     )
     if sync.sparse == "allgather":
         use_sparse_allgather(wrapped, compressor.counter)
-    return wrapped
+    return _starts_from_rank_zero(wrapped, model)
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, root_rank: int = 0) -> None:
@@ -103,3 +109,68 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
         # The optimizer a CodecOptimizer or a sync-mode optimizer (hvdsync.torch.schemes) wraps: Horovod's broadcast
         # may call step() to create the state, which must not run their collectives.
         hvd.broadcast_optimizer_state(getattr(optimizer, "optimizer", optimizer), root_rank=root_rank)
+    mark_broadcast_done(model, optimizer)
+
+
+def mark_broadcast_done(model: torch.nn.Module | None, optimizer=None) -> None:
+    """Tell hvdsync's distributed optimizer that every rank holds rank 0's state now (a flag: nothing is compared),
+    so that it does not broadcast before its first step (:func:`distributed_optimizer`)."""
+    for owner in (model, optimizer):
+        start = owner.__dict__.get(_START) if owner is not None else None
+        if start is not None:
+            start.done()
+
+
+_START = "hvdsync_start_from_rank_zero"
+
+
+class _StartFromRankZero:
+    """The once-only broadcast of :func:`distributed_optimizer`: a forward pre-hook on the model (before the first
+    training forward, so the first gradients are already those of rank 0's model: the same numbers as a
+    :func:`broadcast_state` before training), or, without a model, a wrapper of the optimizer's ``step``. Either is
+    removed once the broadcast is done, by it or by anyone else (:func:`mark_broadcast_done`): no cost after."""
+
+    def __init__(self, model: torch.nn.Module | None, optimizer) -> None:
+        self.model, self.optimizer, self._hook = model, optimizer, None
+        if model is not None:
+            self._hook = model.register_forward_pre_hook(self._before_forward)
+            model.__dict__[_START] = self
+        else:
+            self._step = optimizer.step
+            optimizer.step = self._before_step  # on the instance: the class's step comes back in done()
+        optimizer.__dict__[_START] = self
+
+    def _before_forward(self, module: torch.nn.Module, args) -> None:
+        # An evaluation forward may run on one rank only (rank 0 checking a model): it must not start a collective.
+        if module.training and torch.is_grad_enabled():
+            self.run()
+
+    def _before_step(self, *args, **kwargs):
+        self.run()
+        return self._step(*args, **kwargs)
+
+    def run(self) -> None:
+        if self.model is not None:
+            broadcast_state(self.model, self.optimizer)  # marks it done
+            return
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        hvd.broadcast_parameters([(f"hvdsync.start.{i}", p) for i, p in enumerate(params)], root_rank=0)
+        # The state as one object: Horovod's tensor broadcast would take a zero-gradient step to create a missing
+        # state, which here, between backward and step, would overwrite the reduced gradients.
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        inner.load_state_dict(hvd.broadcast_object(inner.state_dict(), root_rank=0, name="hvdsync.start.optimizer"))
+        self.done()
+
+    def done(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.optimizer.__dict__.pop("step", None)
+        for owner in (self.model, self.optimizer):
+            if owner is not None and owner.__dict__.get(_START) is self:
+                del owner.__dict__[_START]
+
+
+def _starts_from_rank_zero(optimizer, model: torch.nn.Module | None):
+    _StartFromRankZero(model, optimizer)
+    return optimizer
