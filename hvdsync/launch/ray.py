@@ -316,12 +316,18 @@ def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log
                           gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces, env=env)
         return FitResult(**results[0])
     from hvdsync.core.elastic.loop import ElasticResult
-    from hvdsync.launch.elastic import reset_tags, resumed_run
+    from hvdsync.launch.elastic import checkpoint_job, job_env, reset_tags
 
+    # Whose checkpoints: another job's folder is refused in one line before any worker starts, as on Gloo.
+    chosen = checkpoint_job(cfg)
+    resumed = chosen.resumed if chosen is not None else None
+    if resumed is not None:
+        print(f"hvdsync: {chosen.line()}", file=sys.stderr, flush=True)
+    env = {**(env or {}), **job_env(chosen)}
     run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-ray-elastic-"))
     lost: list[dict] = []
     try:
-        with job_run(cfg, "ray", resumed_run(cfg)) as job:
+        with job_run(cfg, "ray", resumed.run_id if resumed is not None and cfg.tracking.enabled else None) as job:
             try:
                 with lost_hosts(lost):
                     results = run_elastic(worker.fit_elastic, elastic_args, cfg.elastic, run_dir,
