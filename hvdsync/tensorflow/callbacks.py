@@ -1,4 +1,5 @@
-"""Keras 3 callbacks for ``model.fit`` on Horovod workers (Horovod 0.28.1's own are written for Keras 2).
+"""Keras 3 callbacks for ``model.fit`` on Horovod workers (Horovod 0.28.1's own were written for Keras 2;
+hvdsync's build patches them for Keras 3, and these add the data plan, hvdsync's tracker and metrics over uneven shares).
 
     BroadcastGlobalVariablesCallback   rank 0's model and optimizer state to every rank, at the start of training
     MetricAverageCallback              every logged metric over all ranks' samples, at each epoch's end
@@ -207,7 +208,8 @@ class ElasticStateCallback(keras.callbacks.Callback):
     committed epoch with a sampler at the committed sample: the rest of that epoch, re-planned for the new world.
 
     List it after the sampler (it reads the sampler's position after each batch). Horovod's own Keras state and
-    callbacks (``hvd.elastic.KerasState``, ``CommitStateCallback``) fail on Keras 3.
+    callbacks (``hvd.elastic.KerasState``, ``CommitStateCallback``) fail on Keras 3 as released (hvdsync's build
+    patches them, 0009); this one also keeps hvdsync's data plan position.
     :func:`hvdsync.tensorflow.keras_fit` is the training function that uses it (and fits a resumed partial epoch
     on its own: see there why); ``examples/elastic_keras_fit.py`` the whole script.
     """
