@@ -202,3 +202,15 @@ def test_when_no_payload_loads_the_job_starts_fresh_from_its_own_values(tmp_path
     assert not fresh.load_checkpoint(job_id="jobA")
     assert fresh.tensors.w.tolist() == [0, 0, 0] and fresh.position == Position()  # the partial load undone
     assert lines[-1] == f"no valid checkpoint (1 skipped) in {folder}; starting fresh"
+
+
+def test_resume_without_elastic_is_refused_before_any_worker_starts():
+    from hvdsync.config import ConfigError
+    from hvdsync.launch import choose
+
+    cfg = Config.from_dict({"elastic": {"checkpoint_dir": "ck", "resume": True}})
+    with pytest.raises(ConfigError) as err:
+        choose(cfg, environ={})
+    assert str(err.value) == ("--resume: needs --elastic (elastic.enabled): only an elastic job writes and resumes "
+                              "checkpoints; add --elastic, or leave out --resume to train from scratch")
+    assert choose(cfg.replace(elastic={"enabled": True}), environ={}).launcher == "elastic"
