@@ -88,6 +88,18 @@ def check_tape() -> dict:
     out["process_set_alone"] = _tape_steps(_model(), xs, ys, 3,
                                            lambda t: hvd.DistributedGradientTape(t, process_set=sets[rank]))
     out["local_only"] = _tape_steps(_model(), xs, ys, 3)
+    # the Keras optimizer on the one-rank set: SGD steps on the rank's own gradient
+    import horovod.tensorflow.keras as hk
+    import keras
+    import tensorflow as tf
+
+    model = _model()
+    opt = hk.DistributedOptimizer(keras.optimizers.SGD(LR), process_set=sets[rank])
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = _mse(model, xs, ys)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    out["optimizer_process_set_alone"] = _weights(model)
     for process_set in sets:
         hvd.remove_process_set(process_set)
     # Partial tape: the first layer is local (its gradient, divided by the number of ranks, is not averaged).

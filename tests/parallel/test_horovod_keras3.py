@@ -65,9 +65,10 @@ def test_tape_fp16_compression_is_close_to_fp32(ranks):
     assert 0.0 < _diff(r0, ranks[0]["tape"]["dense"]) < FP16_TOL  # rounded on the wire, not skipped
 
 
-def test_tape_on_a_one_rank_process_set_keeps_the_ranks_own_gradient(ranks):
+def test_tape_and_optimizer_on_a_one_rank_process_set_keep_the_ranks_own_gradient(ranks):
     for r in ranks:
         assert _diff(r["tape"]["process_set_alone"], r["tape"]["local_only"]) == 0.0
+        assert _diff(r["tape"]["optimizer_process_set_alone"], r["tape"]["local_only"]) < TOL
     assert _diff(ranks[0]["tape"]["process_set_alone"], ranks[1]["tape"]["process_set_alone"]) > 0.1
 
 
