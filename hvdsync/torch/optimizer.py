@@ -1,6 +1,8 @@
 """Horovod's DistributedOptimizer with hvdsync's codecs and counters, and the rank-0 broadcast."""
 from __future__ import annotations
 
+import types
+
 import horovod.torch as hvd
 import torch
 
@@ -128,7 +130,10 @@ class _StartFromRankZero:
     """The once-only broadcast of :func:`distributed_optimizer`: a forward pre-hook on the model (before the first
     training forward, so the first gradients are already those of rank 0's model: the same numbers as a
     :func:`broadcast_state` before training), or, without a model, a wrapper of the optimizer's ``step``. Either is
-    removed once the broadcast is done, by it or by anyone else (:func:`mark_broadcast_done`): no cost after."""
+    removed once the broadcast is done, by it or by anyone else (:func:`mark_broadcast_done`): no cost after.
+
+    A copy (``copy.deepcopy(model)`` for an average of the weights, ``torch.save(model)``) gets an inert one: the
+    copy is not what the ranks train, and the optimizer must not travel with it."""
 
     def __init__(self, model: torch.nn.Module | None, optimizer) -> None:
         self.model, self.optimizer, self._hook = model, optimizer, None
@@ -136,20 +141,20 @@ class _StartFromRankZero:
             self._hook = model.register_forward_pre_hook(self._before_forward)
             model.__dict__[_START] = self
         else:
-            self._step = optimizer.step
-            optimizer.step = self._before_step  # on the instance: the class's step comes back in done()
+            optimizer.step = types.MethodType(_first_step, optimizer)  # the class's step comes back in done()
         optimizer.__dict__[_START] = self
+
+    def __reduce__(self):
+        return _inert, ()
 
     def _before_forward(self, module: torch.nn.Module, args) -> None:
         # An evaluation forward may run on one rank only (rank 0 checking a model): it must not start a collective.
-        if module.training and torch.is_grad_enabled():
+        if self.optimizer is not None and module.training and torch.is_grad_enabled():
             self.run()
 
-    def _before_step(self, *args, **kwargs):
-        self.run()
-        return self._step(*args, **kwargs)
-
     def run(self) -> None:
+        if self.optimizer is None:  # an inert copy
+            return
         if self.model is not None:
             broadcast_state(self.model, self.optimizer)  # marks it done
             return
@@ -165,10 +170,28 @@ class _StartFromRankZero:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        self.optimizer.__dict__.pop("step", None)
+        if self.optimizer is None:
+            return
+        if isinstance(self.optimizer.__dict__.get("step"), types.MethodType) and \
+                self.optimizer.__dict__["step"].__func__ is _first_step:
+            del self.optimizer.__dict__["step"]
         for owner in (self.model, self.optimizer):
             if owner is not None and owner.__dict__.get(_START) is self:
                 del owner.__dict__[_START]
+
+
+def _inert() -> _StartFromRankZero:
+    start = object.__new__(_StartFromRankZero)
+    start.model = start.optimizer = start._hook = None
+    return start
+
+
+def _first_step(optimizer, *args, **kwargs):
+    """The optimizer's ``step`` until the first broadcast (without a model): broadcast, then the class's step."""
+    start = optimizer.__dict__.get(_START)
+    if start is not None:
+        start.run()
+    return type(optimizer).step(optimizer, *args, **kwargs)
 
 
 def _starts_from_rank_zero(optimizer, model: torch.nn.Module | None):

@@ -4,6 +4,8 @@ PlanSampler callback). Each returns its first and final weights (and, for torch,
 broadcast)."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 STEPS = 6
@@ -51,6 +53,9 @@ def torch_runs() -> dict:
         counted = _Counted(hvd, "broadcast_parameters")
         opt = hs.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                        None if how == "no model" else model)
+        if how == "implicit":  # a copy of the model before training (a weight average) takes no optimizer along
+            twin = copy.deepcopy(model)
+            twin(x[:4]).sum().backward()  # a training forward of the copy: no broadcast
         if how == "explicit":
             hs.broadcast_state(model, opt)
         elif how == "flag only":  # the control: the flag set without a broadcast, so the ranks stay apart
