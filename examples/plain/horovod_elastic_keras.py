@@ -11,9 +11,8 @@ One machine with several slots is ``localhost:N`` (it needs Horovod patch 0010; 
 a second host). Losing a worker works the same way: the survivors roll back to the last commit and go on.
 Needs Horovod patch 0009 (Keras 3 model and optimizer variables in the elastic state).
 
-The gradients are averaged by ``AveragedSGD`` below, Horovod's all-reduce called in the optimizer's ``apply`` (what
-``hvd.DistributedOptimizer`` does); the arrays come from hvdsync's copy of scikit-learn's digits, as in
-``horovod_torch.py``.
+The gradients are averaged by ``hvd.DistributedOptimizer`` (under Keras 3 with Horovod patch 0008); the arrays
+come from hvdsync's copy of scikit-learn's digits, as in ``horovod_torch.py``.
 """
 import argparse
 import json
@@ -23,17 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import keras  # noqa: E402
-from horovod.tensorflow import Average, grouped_allreduce  # noqa: E402
 
 from hvdsync.datasets import digits  # noqa: E402
-
-
-class AveragedSGD(keras.optimizers.SGD):
-    """SGD on the gradients averaged over the workers."""
-
-    def apply(self, grads, trainable_variables=None):
-        grads = grouped_allreduce(list(grads), op=Average)
-        return super().apply(grads, trainable_variables)
 
 
 class History(keras.callbacks.Callback):
@@ -63,7 +53,7 @@ def main(argv=None):
     keras.utils.set_random_seed(0)      # the same initial model everywhere; a joining worker gets rank 0's anyway
     model = keras.Sequential([keras.Input((data.n_features,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(data.n_classes)])
-    model.compile(optimizer=AveragedSGD(learning_rate=args.lr, momentum=0.9),
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=args.lr, momentum=0.9)),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     # What survives a reset: the model, the optimizer's variables, the epoch and batch reached.
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
