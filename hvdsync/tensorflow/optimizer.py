@@ -14,7 +14,7 @@ import keras
 from hvdsync.adapter import states_the_accumulation_rule, sync_settings
 from hvdsync.core.comm.codecs import WireCounter, get_codec
 from hvdsync.tensorflow.schemes import scheme_optimizer
-from hvdsync.tensorflow.schemes.base import DistributedOptimizer, allreduce_gradients, building_quietly
+from hvdsync.tensorflow.schemes.base import DistributedOptimizer, allreduce_gradients
 
 __all__ = ["DistributedOptimizer", "allreduce_gradients", "distributed_optimizer", "broadcast_state"]
 
@@ -45,8 +45,8 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
     {accumulation_rule}
 
     Every rank starts from rank 0's variables, as with DDP: unless :func:`broadcast_state` (the broadcast callback,
-    an elastic state) did it, the optimizer broadcasts rank 0's trained variables and its own once, when Keras
-    builds it in ``fit`` (before the first step) or else at its first update
+    an elastic state) did it, the optimizer broadcasts rank 0's trained variables and its own once, at its first
+    update, eagerly while ``fit`` traces the step, so before the first step runs
     (:meth:`DistributedOptimizer.start_from_rank_zero`).
 
     Example:
@@ -55,16 +55,12 @@ def distributed_optimizer(optimizer: keras.optimizers.Optimizer, model: keras.Mo
         >>> model.fit(dataset, callbacks=[BroadcastGlobalVariablesCallback(0)])                    # doctest: +SKIP
     """
     sync = sync_settings(sync, compression=compression, accumulate=accumulate, op=op, sparse=sparse, horovod=hvd)
-    # Built over the model here without a broadcast: an elastic job builds before its loop, where no collective
-    # may run. The first update broadcasts rank 0's variables unless broadcast_state (or an elastic state) did.
     if sync.mode != "allreduce":  # local SGD (hvdsync.tensorflow.schemes): the same optimizer, other phases
-        with building_quietly():
-            return scheme_optimizer(optimizer, model, sync, counter)
+        return scheme_optimizer(optimizer, model, sync, counter)
     # This optimizer's one codec: its state (residuals, PowerSGD's Q) and SGD's momentum under correction live in it.
     wrapped = DistributedOptimizer(optimizer, sync, get_codec(sync.compression), counter, seed)
     if model is not None:
-        with building_quietly():
-            wrapped.build(model.trainable_variables)
+        wrapped.build(model.trainable_variables)
     return wrapped
 
 

@@ -15,9 +15,7 @@ picks among them: neither imports the other's importer.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 from typing import Sequence
 
 import horovod.tensorflow as hvd
@@ -37,24 +35,6 @@ def allreduce_gradients(grads: Sequence[tf.Tensor], reducer) -> list[tf.Tensor]:
     Every gradient all-reduce of :class:`DistributedOptimizer` goes through here, eagerly or traced.
     """
     return reducer.reduce(list(grads))
-
-
-class _Quiet(threading.local):
-    active = False
-
-
-_BUILDING_QUIETLY = _Quiet()
-
-
-@contextlib.contextmanager
-def building_quietly():
-    """Builds of :class:`DistributedOptimizer` inside this block do not broadcast (its first update still does,
-    unless someone did before): for :func:`~hvdsync.tensorflow.distributed_optimizer` building over a model."""
-    saved, _BUILDING_QUIETLY.active = _BUILDING_QUIETLY.active, True
-    try:
-        yield
-    finally:
-        _BUILDING_QUIETLY.active = saved
 
 
 class DistributedOptimizer(keras.optimizers.Optimizer):
@@ -104,11 +84,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # traced, which is before synchronize() is (and alike on every rank: the same model, the same graph).
         self._sparse_at: set[int] = set()
         # Whether every rank holds rank 0's variables: set by broadcast_state (the broadcast callback, hvdsync's
-        # backend), by an elastic state's sync, or by start_from_rank_zero at the first update. A Python flag for
-        # what is known when a step is traced, and a variable (not an optimizer variable: it is neither saved nor
-        # broadcast) for a traced step, in which the broadcast runs under a tf.cond once.
-        self._broadcast_done = False
-        self._started = tf.Variable(False, trainable=False, name="hvdsync_started")
+        # backend), by an elastic state's sync, or by start_from_rank_zero at the first apply/accumulate.
+        self.broadcast_done = False
 
     # ---- Keras' optimizer protocol ---------------------------------------------------------------------------
     def build(self, var_list) -> None:
@@ -127,11 +104,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         super().build(var_list)
-        # Keras builds the optimizer eagerly in fit before the first step (before the broadcast callback, which
-        # then finds it done): broadcasting here gives the numbers of a broadcast before training. Not when built
-        # by distributed_optimizer(model=...), which may be before an elastic loop, where no collective may run.
-        if tf.executing_eagerly() and not _BUILDING_QUIETLY.active:
-            self.start_from_rank_zero()
 
     @property
     def variables(self) -> list:
@@ -164,51 +136,37 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.apply(grads, trainable_variables)
         return self.iterations
 
-    @property
-    def broadcast_done(self) -> bool:
-        """Whether every rank holds rank 0's variables (set it after broadcasting them yourself)."""
-        return self._broadcast_done
-
-    @broadcast_done.setter
-    def broadcast_done(self, done: bool) -> None:
-        self._broadcast_done = bool(done)
-        self._started.assign(bool(done))
-
-    def start_from_rank_zero(self) -> None:
-        """Broadcast rank 0's trained variables and the wrapped optimizer's variables to every rank before the
-        first update, once, unless that was done already (:attr:`broadcast_done`): replicas that never got rank 0's
-        weights would train apart without a word (DDP's constructor broadcasts for the same reason). Called by
-        :meth:`apply` and :meth:`accumulate`. The first gradients were computed on each rank's own weights; every
-        rank then applies their average to rank 0's, so the ranks are equal from the first update on. When
-        :func:`~hvdsync.tensorflow.broadcast_state` (or the broadcast callback, or an elastic state) did it before
-        the step was traced, the step holds no trace of this; else the traced step holds one ``tf.cond`` on a
-        variable. Only the variables the optimizer trains are known here: a model's non-trainable variables
-        (batch-norm statistics) need :func:`~hvdsync.tensorflow.broadcast_state`."""
-        if self._broadcast_done:
+    def start_from_rank_zero(self, slots: bool = True) -> None:
+        """Broadcast rank 0's trained variables (and, with ``slots``, the wrapped optimizer's variables) to every
+        rank, once, unless that was done already (:attr:`broadcast_done`, a flag: nothing is compared): replicas
+        that never got rank 0's weights would train apart without a word (DDP's constructor broadcasts for the same
+        reason). Called by the first :meth:`apply` or :meth:`accumulate`, eagerly even while ``tf.function``
+        traces the step (``tf.init_scope``), so in ``fit`` and in a traced loop it runs before the first step
+        executes: the numbers of a broadcast before training, and nothing added to the traced step. In an eager
+        loop it runs before the first update (the first gradients were computed on each rank's own weights; every
+        rank applies their average to rank 0's). ``slots=False`` when the optimizer was built in this very call:
+        its variables are fresh, the same on every rank (and not readable yet inside the trace that made them).
+        A model's non-trainable variables (batch-norm statistics) are not the optimizer's: broadcast them with
+        :func:`~hvdsync.tensorflow.broadcast_state`."""
+        if self.broadcast_done:
             return
-
-        def broadcast() -> tf.Tensor:
-            # hvdsync's own sums and pass counter start at zero on every rank; the wrapped optimizer's variables
-            # (iterations, slots) are broadcast, named by position (every rank lists them in the same order).
-            for i, v in enumerate([*self._trainable_variables, *self.inner_optimizer.variables]):
+        self.broadcast_done = True
+        # Named by position: every rank lists the same variables in the same order. hvdsync's own sums and pass
+        # counter start at zero on every rank.
+        variables = [*self._trainable_variables, *(self.inner_optimizer.variables if slots else [])]
+        with tf.init_scope():
+            for i, v in enumerate(variables):
                 v.assign(hvd.broadcast(v.value, root_rank=0, name=f"hvdsync.start.{i}"))
-            self._started.assign(True)
-            return tf.constant(True)
-
-        if tf.executing_eagerly():
-            broadcast()
-            self._broadcast_done = True
-        else:  # traced: every rank reads the same flag, so every rank takes the same branch
-            tf.cond(self._started, lambda: tf.constant(False), broadcast)
 
     def apply(self, grads, trainable_variables=None) -> None:
         """One backward pass's gradients; all-reduces and updates on every ``accumulate``-th call."""
-        if not self.built:
+        fresh = not self.built
+        if fresh:
             if trainable_variables is None:
                 raise ValueError("trainable_variables: None is not allowed before the optimizer is built; pass the "
                                  "variables with the first gradients (apply_gradients(zip(grads, variables)))")
             self.build(trainable_variables)
-        self.start_from_rank_zero()
+        self.start_from_rank_zero(slots=not fresh)
         if self.direct:
             self._reduce_and_apply(grads, trainable_variables)
             return
