@@ -28,6 +28,7 @@ def _one_round(mode, rank, lr=0.5, servers=0):
     for v, s in zip(model.trainable_variables, start):
         v.assign(s.astype(np.float32))
     opt = hs.distributed_optimizer(keras.optimizers.SGD(lr), model, SyncConfig(mode=mode, ps_servers=servers))
+    opt.broadcast_done = True  # rank-specific parameters on purpose: no broadcast of rank 0's before the round
     opt.accumulate([g.astype(np.float32) for g in grads], model.trainable_variables, fresh=True)
     opt.synchronize()
     opt.step()
