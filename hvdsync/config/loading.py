@@ -104,7 +104,8 @@ class Config:
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
     """Apply one ``section.field=value`` override (value parsed as YAML: ``4``, ``true``, ``fp16``)."""
-    if "=" not in item or "." not in item.split("=", 1)[0]:
+    key = item.split("=", 1)[0]
+    if "=" not in item or "." not in key or not all(part.strip() for part in key.split(".", 1)):
         raise ConfigError(f"override: {item!r} is not allowed; expected section.field=value, e.g. sync.accumulate=4")
     key, value = item.split("=", 1)
     section, name = key.strip().split(".", 1)

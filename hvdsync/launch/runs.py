@@ -196,6 +196,10 @@ def _plot_curves(client, runs, differing: dict, out: Path) -> Path:
 def _cmd_compare(ns) -> int:
     if ns.run_ids and ns.runs:
         raise ConfigError("runs compare: give the run ids either as arguments or after --runs, not both")
+    from hvdsync.launch.base import unwritable
+
+    if ns.out and unwritable(ns.out, "file"):
+        raise ConfigError(f"--out: {unwritable(ns.out, 'file')}; give a PNG path this user can write")
     given = ns.run_ids or ns.runs
     run_ids = given or [r.info.run_id for r in list_runs(ns.tracking_uri, ns.experiment, 2)][::-1]
     if len(run_ids) < 2:
@@ -364,11 +368,15 @@ def _cmd_reproduce(ns) -> int:
 # ---- sweep ------------------------------------------------------------------------------------------------------
 def grid(sweeps: list[str]) -> list[list[str]]:
     """``["sync.compression=none,fp16", "sync.accumulate=1,4"]`` -> the 4 override lists of the grid."""
-    axes = []
+    axes, keys = [], {}
     for item in sweeps:
         if "=" not in item:
             raise ConfigError(f"--set: {item!r} is not allowed; expected section.field=v1,v2,...")
         key, values = item.split("=", 1)
+        if key.strip() in keys:  # the grid would hold both, and the later value would silently win in every run
+            raise ConfigError(f"--set: {key.strip()} is swept twice ({keys[key.strip()]!r} and {item!r}); give its "
+                              "values once, e.g. --set sync.accumulate=1,2,4")
+        keys[key.strip()] = item
         axes.append([f"{key}={v.strip()}" for v in values.split(",")])
     return [list(combo) for combo in itertools.product(*axes)]
 

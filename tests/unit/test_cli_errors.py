@@ -57,6 +57,8 @@ CONFIG_CASES = [
     (["--config", "."], "config file: '.' is a folder; give the path of a YAML file"),
     (["--hostfile", "hosts.txt"], "--hostfile: 'hosts.txt', line 2: byte 0xf6 (at offset 15) is not UTF-8 "
      "(invalid start byte); a hostfile is text, one '<host> slots=<N>' per line"),
+    (["--set", ".lr=0.1"], "override: '.lr=0.1' is not allowed; expected section.field=value, e.g. "
+     "sync.accumulate=4"),
     (["--hosts", ""], "--hosts: entry 1 is empty; expected host:slots entries separated by commas, e.g. a:2,b:2 "
      "(names: letters, digits, '_', '.', '-'; IPv4 addresses, not IPv6)"),
     (["--hosts", "localhost:2", "--ssh-port", "-5"], "--ssh-port: -5 is not allowed; expected a TCP port from 1 to "
@@ -76,6 +78,12 @@ def test_sweep_reads_its_config_the_same_way(files, capsys):
     assert hvdsync(capsys, "sweep", "--config", "latin1.yaml", "--set", "sync.accumulate=1,2") == (
         2, ["hvdsync: error: config file 'latin1.yaml', line 2: byte 0xe9 (at offset 22) is not UTF-8 "
             "(invalid continuation byte); save the file as UTF-8 text"])
+
+
+def test_a_sweep_axis_given_twice(files, capsys):
+    assert hvdsync(capsys, "sweep", "--set", "sync.accumulate=1,4", "--set", "sync.accumulate=2,8") == (
+        2, ["hvdsync: error: --set: sync.accumulate is swept twice ('sync.accumulate=1,4' and 'sync.accumulate=2,8'); "
+            "give its values once, e.g. --set sync.accumulate=1,2,4"])
 
 
 def test_debug_shows_the_traceback_and_still_the_line(files, capsys):
@@ -219,6 +227,9 @@ def test_runs_store_errors(store, capsys):
         (["list", "--tracking-uri", f"sqlite:///{store}/typo.db"],
          f"--tracking-uri: no store at {store}/typo.db (the file does not exist or is empty); give the store a job "
          "wrote, e.g. sqlite:///mlflow.db in the folder it ran in"),
+        (["compare", "a", "b", "--out", store / "garbage.db" / "c.png", "--tracking-uri", uri],
+         f"--out: {store}/garbage.db is a file, where {store}/garbage.db/c.png needs a folder; give a PNG path this "
+         "user can write"),
         (["push", str(store / "garbage.db")], f"spool: '{store}/garbage.db' is not a spool file (no record naming its "
          "store); give a .jsonl file of hvdsync's spool folder, or the folder"),
         (["ui", "--port", "99999"], "--port: 99999 is not allowed; expected a TCP port from 1 to 65535 (default 5000)"),
