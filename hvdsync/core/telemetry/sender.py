@@ -26,6 +26,9 @@ from hvdsync.core.telemetry.spool import (Spool, next_batch, pending_spools, pus
 from hvdsync.core.telemetry.store import StoreError, prepare_store
 
 
+PARENT_ENV = "HVDSYNC_SENDER_PARENT"  # the pid of the training process that started the sender
+
+
 class _Follower:
     """Reads the records a spool gained since the last call (complete lines only)."""
 
@@ -71,7 +74,9 @@ def open_client(uri: str, attempts: int = 5):
 
 def run(spool_path: str, uri: str, retries: int = 3, probe_seconds: float = 2.0) -> int:
     """Follow and send ``spool_path`` to ``uri`` until the run ends (see the module docstring)."""
-    parent = os.getppid()
+    # The training process that started us, as it said (read here, our parent may already be gone: a job stopped
+    # while this process was still importing would leave a sender waiting forever for a parent it never saw).
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
     spool = Spool(spool_path)
     try:
         client = open_client(uri)

@@ -140,7 +140,8 @@ class MLflowTracker(Tracker):
         self.log_params(params)
         try:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+                [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                   sender.PARENT_ENV: str(os.getpid())}
             log = open(self.spool.path.with_suffix(".log"), "ab")
             self._sender = subprocess.Popen(sender.command(self.spool.path, self._uri, self._retries,
                                                            self._probe_seconds),

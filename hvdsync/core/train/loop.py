@@ -160,7 +160,7 @@ class TrainContext:
             (gathered over ranks, identical on every rank).
         stop_training: set it to True to end training after the current step (on every rank alike: collectives
             must stay matched).
-        status: ``RUNNING``, then ``FINISHED`` or ``FAILED`` in ``on_train_end``.
+        status: ``RUNNING``, then ``FINISHED``, ``FAILED`` or ``KILLED`` (interrupted) in ``on_train_end``.
         state: an elastic run's committed state (:class:`~hvdsync.core.elastic.state.CommittedState`): what a
             callback puts into ``state.user`` is committed and rolled back with the model; None outside one.
     """
@@ -375,8 +375,10 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
         _finish(ctx, start)
         ctx.status = "FINISHED"
         return result
-    except BaseException:
-        ctx.status = "FAILED"
+    except BaseException as exc:
+        # Ctrl-C reaches every process of the terminal's group, this rank too: stopped by the user, not failed (the
+        # launcher ends the job's run KILLED; this rank's own end must not say FAILED after it).
+        ctx.status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         raise
     finally:
         bar.close()
