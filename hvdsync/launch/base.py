@@ -227,16 +227,17 @@ def unwritable(path: str | Path, kind: str = "folder") -> str | None:
     return None if why is None else f"{existing} cannot be written ({why})"
 
 
-def check_outputs(cfg, log_dir: str | Path | None = None) -> None:
+def check_outputs(cfg, log_dir: str | Path | None = None, local: bool = True) -> None:
     """Raise one :class:`ConfigError` line for the first path the job would write and cannot: ``--log-dir``, the
     checkpoint folder, a local tracking store (SQLite file or file store) and the spool. Before any worker starts,
-    instead of a traceback after minutes of training."""
+    instead of a traceback after minutes of training. ``local``: every worker runs on this machine; otherwise the
+    checkpoint folder is rank 0's, on a host whose file systems this machine may not see, and is not checked."""
     from hvdsync.config import ConfigError
 
     wanted: list[tuple[str, Path, str]] = []
     if log_dir:
         wanted.append(("--log-dir", Path(log_dir), "folder"))
-    if cfg.elastic.checkpoint_dir:
+    if cfg.elastic.checkpoint_dir and local:
         wanted.append(("elastic.checkpoint_dir (--checkpoint-dir)", Path(cfg.elastic.checkpoint_dir), "folder"))
     if cfg.tracking.enabled:
         from hvdsync.core.telemetry.spool import default_spool_dir

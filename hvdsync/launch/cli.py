@@ -108,9 +108,10 @@ def _train(ns: argparse.Namespace) -> int:
     # One question to the launch package: Ray, elastic, this machine or --hosts, or a task of an srun step.
     where = _where(ns)
     job = launch.choose(cfg, ray=ns.ray, np_given=_np_given(ns, cfg), **where)
-    if job.starts_workers:
-        before_start(cfg, ns.log_dir, local=not ns.ray and "hosts" not in where, ssh_port=ns.ssh_port)
-    if job.starts_workers:  # the workers record the command that started them (a step's task records its own)
+    if job.starts_workers:  # (an srun step's tasks are the workers: Slurm placed them, each checks its own)
+        before_start(cfg, ns.log_dir, local=not ns.ray and not _remote(where.get("hosts")),
+                     ssh_port=None if "hosts" in where else ns.ssh_port)
+        # the workers record the command that started them (a step's task records its own)
         os.environ.setdefault("HVDSYNC_COMMAND_LINE", json.dumps(["hvdsync", *sys.argv[1:]]))
     try:
         result = job.train(cfg, quiet=not ns.verbose, log_dir=ns.log_dir)
@@ -158,7 +159,7 @@ def before_start(cfg: Config, log_dir: str | None, local: bool, ssh_port: int | 
     from hvdsync.core.train.gpus import present_gpus
     from hvdsync.launch.base import check_outputs
 
-    check_outputs(cfg, log_dir)
+    check_outputs(cfg, log_dir, local)
     if local and cfg.train.device == "cuda" and present_gpus() == 0:
         raise ConfigError("train.device: 'cuda' is not allowed on this machine: it has no NVIDIA GPU (no /dev/nvidia* "
                           "device); run on a machine with a GPU, or set train.device=cpu (or auto)")
@@ -172,6 +173,24 @@ def before_start(cfg: Config, log_dir: str | None, local: bool, ssh_port: int | 
     if samples is not None and cfg.data.batch_size * cfg.train.np > samples:
         _warn(f"data.batch_size: {cfg.data.batch_size} per worker x {cfg.train.np} workers is more than the "
               f"{samples} training samples of {cfg.data.dataset!r}: each epoch is one step of {samples} samples")
+
+
+def _remote(listed) -> bool:
+    """Whether a host list names a machine other than this one (by address, as Horovod decides on ssh)."""
+    if not listed:
+        return False
+    import socket
+
+    from hvdsync.launch.reach import local_addresses
+
+    mine = local_addresses()
+    for host in listed:
+        try:
+            if socket.gethostbyname(host.name) not in mine:
+                return True
+        except OSError:
+            return True
+    return False
 
 
 def _training_samples(cfg: Config) -> int | None:

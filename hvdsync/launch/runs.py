@@ -16,8 +16,6 @@ import contextlib
 import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +24,7 @@ from pathlib import Path
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry.tracking import FINAL_METRICS, resolve_uri
 from hvdsync.launch.options import train_options
+from hvdsync.launch.runs_checks import _spool_target, _stop_group, _store_error, check_port, check_store
 
 # The final figures ``list`` and ``compare`` show (higher is better for all but the times and the loss).
 SHOWN_METRICS = ("final_test_accuracy", "train_loss", "samples_per_second", "total_seconds", "wire_bytes")
@@ -42,59 +41,6 @@ def _client(uri: str, must_exist: bool = False):
     uri = resolve_uri(uri)
     check_store(uri, must_exist)
     return mlflow.MlflowClient(tracking_uri=uri)
-
-
-def check_store(uri: str, must_exist: bool = False) -> None:
-    """One :class:`ConfigError` line for a local SQLite store MLflow cannot read: missing (where ``must_exist``:
-    reading a store that is not there would create an empty one), not a database, or written by a newer MLflow."""
-    import sqlite3
-
-    from hvdsync.core.telemetry.store import _inspect, newer_schema, sqlite_path
-
-    db = sqlite_path(uri)
-    if db is None:
-        return
-    if not db.exists() or db.stat().st_size == 0:
-        if must_exist:
-            raise ConfigError(f"--tracking-uri: no store at {db} (the file does not exist or is empty); give the "
-                              "store a job wrote, e.g. sqlite:///mlflow.db in the folder it ran in")
-        return
-    if db.is_dir():
-        raise ConfigError(f"--tracking-uri: {db} is a folder; a sqlite:/// store is a file (a folder is a file "
-                          "store: give it without sqlite:///)")
-    try:
-        _tables, revision, _rows = _inspect(db)
-    except sqlite3.DatabaseError as exc:
-        raise ConfigError(f"--tracking-uri: {db} is not an MLflow store ({exc}); give the store's database "
-                          "file") from None
-    newer = newer_schema(db, revision)
-    if newer:
-        raise ConfigError(newer)
-
-
-def _store_error(exc: BaseException, uri: str) -> ConfigError | None:
-    """The one line for what the store answered (or did not), or None for an error that is not the store's."""
-    import requests
-    from mlflow.exceptions import MlflowException
-
-    where = resolve_uri(uri)
-    text = str(exc).strip().splitlines()
-    first = text[0][:300] if text else type(exc).__name__
-    if isinstance(exc, MlflowException) and exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-        return ConfigError(f"{first.rstrip('.')} in the store {where}; `hvdsync runs list` shows its run ids")
-    if isinstance(exc, (requests.exceptions.RequestException, MlflowException)) and where.startswith("http"):
-        timeout = os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")
-        why = ("no answer within MLFLOW_HTTP_REQUEST_TIMEOUT=" + f"{timeout} s" if "timed out" in str(exc).lower()
-               else "connection refused" if "refused" in str(exc).lower() else first)
-        return ConfigError(f"--tracking-uri: the MLflow server {where} did not answer ({why}); start it, or give "
-                           "another store")
-    if isinstance(exc, MlflowException):
-        return ConfigError(f"tracking store {where}: {first}")
-    import sqlalchemy.exc
-
-    if isinstance(exc, sqlalchemy.exc.SQLAlchemyError):
-        return ConfigError(f"tracking store {where} cannot be read ({first})")
-    return None
 
 
 def _experiment_ids(client, name: str | None) -> list[str]:
@@ -258,16 +204,6 @@ def _cmd_push(ns) -> int:
     return 1 if failed else 0
 
 
-def _spool_target(path: Path) -> str | None:
-    """The store a spool file is for, None where the file is no spool (empty, not JSON lines, no store named)."""
-    from hvdsync.core.telemetry.spool import Spool
-
-    try:
-        return Spool(path).target()
-    except (ValueError, OSError, AttributeError, TypeError):
-        return None
-
-
 # ---- ui ---------------------------------------------------------------------------------------------------------
 def ui_command(uri: str = "", port: int = 5000, artifacts: str | None = None) -> list[str]:
     """The ``mlflow server`` command that serves the store ``uri`` (and its UI) on 127.0.0.1:``port``."""
@@ -277,18 +213,6 @@ def ui_command(uri: str = "", port: int = 5000, artifacts: str | None = None) ->
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
            "--port", str(port), "--workers", "1"]
     return cmd + (["--artifacts-destination", artifacts] if artifacts else [])
-
-
-def check_port(port: int, host: str = "127.0.0.1") -> None:
-    """One :class:`ConfigError` line when the UI could not listen on ``port``: out of range, or taken."""
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port: {port} is not allowed; expected a TCP port from 1 to 65535 (default 5000)")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"--port: {host}:{port} cannot be used ({exc.strerror or exc}); choose a free port, "
-                              f"e.g. --port {port + 1 if port < 65535 else 5000}") from None
 
 
 def _cmd_ui(ns) -> int:
@@ -303,29 +227,6 @@ def _cmd_ui(ns) -> int:
     except KeyboardInterrupt:
         _stop_group(server)
         raise
-
-
-def _stop_group(server: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the server's process group, SIGKILL to what is left after ``grace`` seconds."""
-    import psutil
-
-    try:
-        members = [p for p in psutil.process_iter() if _group_of(p) == server.pid]
-        os.killpg(server.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    _gone, alive = psutil.wait_procs(members, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    server.wait()
-
-
-def _group_of(proc) -> int | None:
-    try:
-        return os.getpgid(proc.pid)
-    except OSError:
-        return None
 
 
 # ---- reproduce --------------------------------------------------------------------------------------------------
