@@ -57,7 +57,7 @@ def test_distributed_optimizer_with_backward_passes_per_step(ranks):
     ref = _one_process_dense()
     assert _diff(r0["dense"], r1["dense"]) == 0.0
     assert _diff(r0["dense"], ref) < 1e-6
-    assert _diff(r0["dense"], w.dense_model().parameters()) > 1e-2        # it trained
+    assert _diff(r0["dense"], [p.detach() for p in w.dense_model().parameters()]) > 1e-2   # it trained
 
 
 def test_distributed_optimizer_with_fp16_compression(ranks):
