@@ -1,5 +1,6 @@
 """Worker script of tests/parallel/test_horovod_elastic.py: a plain Horovod elastic training loop (no hvdsync),
-PyTorch (``hvd.elastic.TorchState``) or TensorFlow with Keras 3 (``hvd.elastic.TensorFlowKerasState``), run by
+PyTorch (``hvd.elastic.TorchState``; ``torch-sampler``: with ``hvd.elastic.ElasticSampler``) or TensorFlow with
+Keras 3 (``hvd.elastic.TensorFlowKerasState``), run by
 ``horovodrun --host-discovery-script``.
 
 The job is built so that its result does not depend on how many workers ran which step: every rank draws the same
@@ -105,6 +106,46 @@ def run_torch(args):
         _log(args.events, event="done", step=state.step, size=hvd.size(), params=params)
 
 
+def run_torch_sampler(args):
+    """One epoch over 96 samples with ``hvd.elastic.ElasticSampler`` (no shuffling) in ``TorchState``; every rank
+    appends ``{"event": "batch", "rank", "batch", "indices"}`` to ``--events``.rank<r>, rank 0 also
+    ``{"event": "reset", "processed"}`` (the sampler's committed count) after a reset."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.set_num_threads(1)
+    dataset = torch.utils.data.TensorDataset(torch.arange(96))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=False)
+    model = torch.nn.Linear(1, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+
+    @hvd.elastic.run
+    def train(state):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=state.sampler)
+        for batch, (idx,) in enumerate(loader):
+            _maybe_exit(args, hvd.rank(), batch)
+            opt.zero_grad()
+            model(idx.float().unsqueeze(1)).sum().backward()
+            opt.step()
+            _log(f"{args.events}.rank{hvd.rank()}", event="batch", rank=hvd.rank(), size=hvd.size(),
+                 batch=batch, indices=idx.tolist())
+            state.sampler.record_batch(batch, 4)
+            if (batch + 1) % args.commit_every == 0:
+                state.commit()
+            time.sleep(args.step_sleep)
+
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler)
+
+    def on_reset():
+        if hvd.rank() == 0:
+            _log(f"{args.events}.rank0", event="reset", size=hvd.size(), processed=state.sampler.processed_num)
+
+    state.register_reset_callbacks([on_reset])
+    train(state)
+
+
 def run_keras(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import horovod.tensorflow as hvd
@@ -151,7 +192,7 @@ def run_keras(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("framework", choices=["torch", "keras"])
+    p.add_argument("framework", choices=["torch", "keras", "torch-sampler"])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--commit-every", type=int, default=3)
     p.add_argument("--step-sleep", type=float, default=0.1)
@@ -160,7 +201,7 @@ def main(argv=None):
     p.add_argument("--exit-step", type=int, default=-1)
     p.add_argument("--exit-flag", default="exited.flag")
     args = p.parse_args(argv)
-    (run_torch if args.framework == "torch" else run_keras)(args)
+    {"torch": run_torch, "keras": run_keras, "torch-sampler": run_torch_sampler}[args.framework](args)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ loopback: a discovery script written here prints the lines of a hosts file that 
 * ``hvd.elastic.TensorFlowKerasState`` with a Keras 3 model and optimizer (0009-tensorflow-keras3-elastic-state),
   and ``hvd.elastic.TorchState``: a worker exits at a chosen step; the survivor rolls back to its last commit
   (model, momentum, Keras's ``iterations``).
+* ``hvd.elastic.ElasticSampler`` in ``TorchState``: after a worker fails, the survivor reads exactly the samples
+  the last commit had not covered.
 * examples/plain/horovod_elastic_keras.py (``model.fit`` with ``KerasState`` and the three callbacks) grows from
   one worker to two.
 
@@ -136,3 +138,25 @@ def test_plain_elastic_keras_example_grows_from_one_worker_to_two(tmp_path):
     hist = _events(history)
     assert [h["size"] for h in hist][0] == 1 and hist[-1]["size"] == 2 and hist[-1]["epoch"] == 6
     assert r0["loss"] < 0.5 * hist[0]["loss"]
+
+
+def test_elastic_sampler_resumes_from_the_committed_samples_after_a_worker_fails(tmp_path):
+    # hvd.elastic.ElasticSampler in TorchState, 96 samples, 4 a batch, a commit every 2 batches; rank 1 exits
+    # before its batch 5: batches 0-3 of both ranks (32 samples) are committed, batch 4 is rolled back
+    discovery, _ = _discovery(tmp_path, "localhost:1\n127.0.0.1:1\n")
+    events = tmp_path / "sampler.jsonl"
+    out, wall = _horovodrun(tmp_path, discovery, 2, [
+        str(WORKERS), "torch-sampler", "--commit-every", "2", "--step-sleep", "0.05", "--events", str(events),
+        "--exit-rank", "1", "--exit-step", "5", "--exit-flag", str(tmp_path / "exited")])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r0 = _events(Path(f"{events}.rank0"))
+    r1 = _events(Path(f"{events}.rank1"))
+    [reset] = [e for e in r0 if e["event"] == "reset"]
+    assert (reset["processed"], reset["size"]) == (32, 1)
+    before = [e for e in r0 + r1 if e["event"] == "batch" and e["size"] == 2]
+    after = [e for e in r0 if e["event"] == "batch" and e["size"] == 1]
+    assert {e["batch"] for e in before if e["rank"] == 1} == {0, 1, 2, 3, 4}       # rank 1 did batch 4, then left
+    committed = sorted(i for e in before if e["batch"] < 4 for i in e["indices"])
+    resumed = [i for e in after for i in e["indices"]]
+    assert committed == list(range(32))               # the two ranks' shares, strided, up to the commit
+    assert resumed == list(range(32, 96))             # the survivor reads the rest, each sample once
