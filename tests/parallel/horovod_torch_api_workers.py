@@ -76,8 +76,8 @@ def sparse_gradients(rank):
 
 
 def adasum(rank):
-    """Adasum on CPU is MPI's (AdasumMPIAllreduceOp); a Gloo-only build has none: the op fails with Horovod's
-    message, for this tensor only (it runs last here all the same)."""
+    """Adasum on CPU is MPI's (AdasumMPIAllreduceOp): under ``horovodrun --mpi`` it combines the ranks' vectors;
+    under Gloo the op fails with Horovod's message, for this tensor only (it runs last here all the same)."""
     g = torch.Generator().manual_seed(77 + rank)
     t = torch.randn(64, generator=g, dtype=torch.float64)
     try:
@@ -148,7 +148,11 @@ def process_sets(rank, sets):
             "own_size": own.size(), "own_rank": own.rank()}
 
 
-def main(out_dir):
+def main(out_dir, only=None):
+    if only == "adasum":                     # the MPI job: Adasum alone
+        hvd.init()
+        torch.save({"adasum": adasum(hvd.rank())}, f"{out_dir}/rank{hvd.rank()}.pt")
+        return
     sets = [hvd.ProcessSet([0]), hvd.ProcessSet([1])]
     hvd.init(process_sets=sets)
     torch.set_num_threads(1)
@@ -164,4 +168,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
