@@ -154,12 +154,16 @@ class Stopped(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def signals_seen() -> Iterator[list[int]]:
+def signals_seen(interrupt: bool = False) -> Iterator[list[int]]:
     """The signals Horovod's launcher received while the block runs, in a list.
 
     Horovod's launcher (``horovod.runner.gloo_run.register_shutdown_event``) points SIGINT and SIGTERM at an event
     that stops its workers, then reports their exit codes as a failure ("exit code 143"): the signal itself is lost.
-    Wrapping that registration keeps the signal, so the launcher can say the user stopped the job."""
+    Wrapping that registration keeps the signal, so the launcher can say the user stopped the job.
+
+    ``interrupt``: also raise :class:`Stopped` at once in the main thread. Horovod's elastic driver takes workers
+    that the event stopped for failed hosts and waits for new ones, so an elastic job would never end; the caller
+    stops the workers itself."""
     import signal
 
     from horovod.runner import gloo_run
@@ -175,6 +179,8 @@ def signals_seen() -> Iterator[list[int]]:
             def handler(number, frame, horovod_handler=horovod_handler):
                 seen.append(number)
                 horovod_handler(number, frame)
+                if interrupt:
+                    raise Stopped(number)
 
             signal.signal(signum, handler)
         return event

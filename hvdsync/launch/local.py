@@ -198,7 +198,8 @@ def run(fn: Callable, args: tuple = (), kwargs: dict | None = None, np: int = 2,
         signals: list[int] = []
         try:
             stack.enter_context(_build_checks_from_binaries())
-            signals = stack.enter_context(signals_seen())  # what stopped Horovod's launcher, if a signal
+            # What stopped Horovod's launcher, if a signal; an elastic driver is stopped by raising (signals_seen).
+            signals = stack.enter_context(signals_seen(interrupt="host_discovery_script" in where))
             payload = cloudpickle.dumps((fn, args, kwargs or {}))
             if timer is not None:
                 timer.daemon = True

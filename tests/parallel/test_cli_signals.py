@@ -1,6 +1,6 @@
 """A user stops a job: Ctrl-C (SIGINT to the terminal's whole process group) or SIGTERM to the launcher of a real
 ``hvdsync train`` with 2 Horovod workers and a real SQLite store. The workers are stopped (none of the launcher's
-processes is left), the MLflow run is ``KILLED``, the last line says "stopped by the user", and the exit status is
+processes is left; an elastic job too), the MLflow run is ``KILLED``, the last line says "stopped by the user", and the exit status is
 the convention's 128 + the signal (130, 143). And ``hvdsync runs ui`` stopped by SIGTERM leaves no process of its
 server's group behind.
 """
@@ -36,12 +36,18 @@ def _training(progress: Path) -> bool:
         return False
 
 
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["ctrl-c-to-the-group", "sigterm-to-the-launcher"])
-def test_a_stopped_job_is_killed_not_failed(tmp_path, signum, to_group):
+# An elastic job too: Horovod's elastic driver took the workers its stop event ended for failed hosts and waited for
+# new ones, so before the launcher raised on the signal itself, SIGTERM never ended an elastic job.
+ELASTIC = ["--elastic", "--min-np", "1", "--max-np", "2"]
+
+
+@pytest.mark.parametrize("signum, to_group, more", [(signal.SIGINT, True, []), (signal.SIGTERM, False, []),
+                                                    (signal.SIGTERM, False, ELASTIC)],
+                         ids=["ctrl-c-to-the-group", "sigterm-to-the-launcher", "sigterm-to-an-elastic-launcher"])
+def test_a_stopped_job_is_killed_not_failed(tmp_path, signum, to_group, more):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     launcher = subprocess.Popen([str(BIN / "hvdsync"), "train", "--np", "2", "--epochs", "200", "--tracking-uri", uri,
-                                 "--log-dir", str(tmp_path / "run")], cwd=tmp_path, env=ENV, text=True,
+                                 "--log-dir", str(tmp_path / "run"), *more], cwd=tmp_path, env=ENV, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _wait_for(lambda: _training(tmp_path / "run" / "progress.jsonl"), "training step")
