@@ -87,6 +87,11 @@ def choose(cfg: Config, ray: str | None = None, np_given: int | None = None,
         # Only an elastic job writes and loads checkpoints: without --elastic, --resume would train from scratch.
         raise ConfigError("--resume: needs --elastic (elastic.enabled): only an elastic job writes and resumes "
                           "checkpoints; add --elastic, or leave out --resume to train from scratch")
+    if cfg.elastic.checkpoint_dir and not cfg.elastic.enabled:
+        # The same for the folder: a job that never writes it must not let the user believe it is checkpointed.
+        raise ConfigError(f"--checkpoint-dir: needs --elastic (elastic.enabled): only an elastic job writes "
+                          f"checkpoints, so {cfg.elastic.checkpoint_dir} would stay empty; add --elastic, or leave out "
+                          f"--checkpoint-dir")
     if ray:
         return Launch("ray", {"address": ray, **where})
     if "hosts" not in where and slurm.in_step(environ):

@@ -214,3 +214,15 @@ def test_resume_without_elastic_is_refused_before_any_worker_starts():
     assert str(err.value) == ("--resume: needs --elastic (elastic.enabled): only an elastic job writes and resumes "
                               "checkpoints; add --elastic, or leave out --resume to train from scratch")
     assert choose(cfg.replace(elastic={"enabled": True}), environ={}).launcher == "elastic"
+
+
+def test_a_checkpoint_folder_without_elastic_is_refused_before_any_worker_starts():
+    from hvdsync.config import ConfigError
+    from hvdsync.launch import choose
+
+    cfg = Config.from_dict({"elastic": {"checkpoint_dir": "ck"}})
+    with pytest.raises(ConfigError) as err:
+        choose(cfg, environ={})
+    assert str(err.value) == ("--checkpoint-dir: needs --elastic (elastic.enabled): only an elastic job writes "
+                              "checkpoints, so ck would stay empty; add --elastic, or leave out --checkpoint-dir")
+    assert choose(cfg.replace(elastic={"enabled": True}), environ={}).launcher == "elastic"
