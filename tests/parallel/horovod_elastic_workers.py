@@ -64,6 +64,30 @@ def _maybe_exit(args, rank, step):
         os._exit(3)
 
 
+def _run_steps(args, hvd, state, step):
+    """The elastic loop both frameworks share: ``step(state)`` trains one batch; a commit every
+    ``--commit-every`` steps; rank 0 logs each step and each reset. Returns the state after ``--steps`` steps."""
+    @hvd.elastic.run
+    def train(state):
+        while state.step < args.steps:
+            _maybe_exit(args, hvd.rank(), state.step)
+            step(state)
+            state.step += 1
+            if hvd.rank() == 0:
+                _log(args.events, event="step", step=state.step, size=hvd.size())
+            if state.step % args.commit_every == 0:
+                state.commit()
+            time.sleep(args.step_sleep)
+
+    def on_reset():
+        if hvd.rank() == 0:
+            _log(args.events, event="reset", step=state.step, size=hvd.size())
+
+    state.register_reset_callbacks([on_reset])
+    train(state)
+    return state
+
+
 def run_torch(args):
     import horovod.torch as hvd
     import torch
@@ -78,29 +102,13 @@ def run_torch(args):
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 
-    @hvd.elastic.run
-    def train(state):
-        while state.step < args.steps:
-            _maybe_exit(args, hvd.rank(), state.step)
-            x, y = (torch.from_numpy(a) for a in batch(state.step))
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            state.step += 1
-            if hvd.rank() == 0:
-                _log(args.events, event="step", step=state.step, size=hvd.size())
-            if state.step % args.commit_every == 0:
-                state.commit()
-            time.sleep(args.step_sleep)
+    def step(state):
+        x, y = (torch.from_numpy(a) for a in batch(state.step))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
 
-    state = hvd.elastic.TorchState(model, opt, step=0)
-
-    def on_reset():
-        if hvd.rank() == 0:
-            _log(args.events, event="reset", step=state.step, size=hvd.size())
-
-    state.register_reset_callbacks([on_reset])
-    train(state)
+    state = _run_steps(args, hvd, hvd.elastic.TorchState(model, opt, step=0), step)
     if hvd.rank() == 0:
         params = [model.weight.detach().numpy().T.tolist(), model.bias.detach().numpy().tolist()]
         _log(args.events, event="done", step=state.step, size=hvd.size(), params=params)
@@ -158,32 +166,15 @@ def run_keras(args):
     model.layers[0].set_weights([w0, b0])
     opt = keras.optimizers.SGD(learning_rate=LR, momentum=MOMENTUM)
 
-    @hvd.elastic.run
-    def train(state):
-        while state.step < args.steps:
-            _maybe_exit(args, hvd.rank(), state.step)
-            x, y = batch(state.step)
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-            grads = tape.gradient(loss, model.trainable_variables)
-            # Horovod's own averaging, without DistributedGradientTape (a Keras 3 variable has no `.ref()`)
-            grads = hvd.grouped_allreduce(grads, op=hvd.Average)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            state.step += 1
-            if hvd.rank() == 0:
-                _log(args.events, event="step", step=state.step, size=hvd.size())
-            if state.step % args.commit_every == 0:
-                state.commit()
-            time.sleep(args.step_sleep)
+    def step(state):
+        x, y = batch(state.step)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        # Horovod's own averaging of a plain tape, as a user's script has it (patch 0008 under Keras 3)
+        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
 
-    state = hvd.elastic.TensorFlowKerasState(model, opt, step=0)
-
-    def on_reset():
-        if hvd.rank() == 0:
-            _log(args.events, event="reset", step=state.step, size=hvd.size())
-
-    state.register_reset_callbacks([on_reset])
-    train(state)
+    state = _run_steps(args, hvd, hvd.elastic.TensorFlowKerasState(model, opt, step=0), step)
     if hvd.rank() == 0:
         w, b = model.layers[0].get_weights()
         _log(args.events, event="done", step=state.step, size=hvd.size(), params=[w.tolist(), b.tolist()],
