@@ -3,6 +3,7 @@
 On this CPU-only suite's machines ``cuda`` must stop at ``init`` with one line naming why there is no GPU (a CPU
 build of the framework here), and ``cpu`` must train; tests/gpu/test_gpu.py holds the same field on a real GPU.
 """
+import os
 import subprocess
 import sys
 
@@ -135,11 +136,24 @@ def test_tensorflow_workers_cuda_stops_at_init_and_cpu_hides_the_gpus():
     assert r["visible_gpus"] == 0 and "CPU" in r["sum_on"], r
 
 
-def test_the_cli_stops_a_cuda_run_at_init_with_the_line():
+def test_the_cli_stops_a_cuda_run_with_one_line():
+    """Without a GPU the launcher refuses before any worker starts (exit 2, an input error); on a GPU machine whose
+    torch is a CPU build the worker stops at init with its own line (exit 1)."""
     proc = subprocess.run([sys.executable, "-m", "hvdsync.launch.cli", "train", "--device", "cuda", "--np", "1",
                            "--epochs", "1", "--no-track"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "hvdsync: train.device=cuda but torch " in proc.stderr + proc.stdout, proc.stderr[-2000:]
+    if not any(n.startswith("nvidia") for n in os.listdir("/dev")):
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            "hvdsync: error: train.device: 'cuda' is not allowed on this machine: it has no NVIDIA GPU"), proc.stderr
+        assert "Traceback" not in proc.stderr
+    else:
+        import torch
+
+        if torch.cuda.is_available():                      # a CUDA torch on a GPU machine: it trains
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        else:
+            assert proc.returncode == 1, proc.stderr[-2000:]
+            assert "hvdsync: train.device=cuda but torch " in proc.stderr + proc.stdout, proc.stderr[-2000:]
 
 
 def tensorflow_pins_before_gathering() -> dict:
