@@ -24,7 +24,7 @@ from pathlib import Path
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry.tracking import FINAL_METRICS, resolve_uri
 from hvdsync.launch.options import train_options
-from hvdsync.launch.runs_checks import _spool_target, _stop_group, _store_error, check_port, check_store
+from hvdsync.launch.runs_checks import spool_target, stop_group, store_error, check_port, check_store
 
 # The final figures ``list`` and ``compare`` show (higher is better for all but the times and the loss).
 SHOWN_METRICS = ("final_test_accuracy", "train_loss", "samples_per_second", "total_seconds", "wire_bytes")
@@ -179,7 +179,7 @@ def _cmd_push(ns) -> int:
             paths += sorted(p.glob("*.jsonl"))
             folders.append(p)
         elif p.is_file():
-            if _spool_target(p) is None:
+            if spool_target(p) is None:
                 raise ConfigError(f"spool: {str(p)!r} is not a spool file (no record naming its store); give a "
                                   ".jsonl file of hvdsync's spool folder, or the folder")
             paths.append(p)
@@ -225,7 +225,7 @@ def _cmd_ui(ns) -> int:
     try:
         return server.wait()
     except KeyboardInterrupt:
-        _stop_group(server)
+        stop_group(server)
         raise
 
 
@@ -424,7 +424,7 @@ def main(ns: argparse.Namespace, base: Config | None = None) -> int:
     try:
         return ns.handler(ns)
     except Exception as exc:
-        line = _store_error(exc, getattr(ns, "tracking_uri", ""))
+        line = store_error(exc, getattr(ns, "tracking_uri", ""))
         if line is None:
             raise
         raise line from exc

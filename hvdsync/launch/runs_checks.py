@@ -43,7 +43,7 @@ def check_store(uri: str, must_exist: bool = False) -> None:
         raise ConfigError(newer)
 
 
-def _store_error(exc: BaseException, uri: str) -> ConfigError | None:
+def store_error(exc: BaseException, uri: str) -> ConfigError | None:
     """The one line for what the store answered (or did not), or None for an error that is not the store's."""
     import requests
     from mlflow.exceptions import MlflowException
@@ -68,7 +68,7 @@ def _store_error(exc: BaseException, uri: str) -> ConfigError | None:
     return None
 
 
-def _spool_target(path: Path) -> str | None:
+def spool_target(path: Path) -> str | None:
     """The store a spool file is for, None where the file is no spool (empty, not JSON lines, no store named)."""
     from hvdsync.core.telemetry.spool import Spool
 
@@ -90,7 +90,7 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
                               f"e.g. --port {port + 1 if port < 65535 else 5000}") from None
 
 
-def _stop_group(server: subprocess.Popen, grace: float = 10.0) -> None:
+def stop_group(server: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM to the server's process group, SIGKILL to what is left after ``grace`` seconds."""
     import psutil
 
