@@ -183,3 +183,29 @@ def test_shell_quoting_of_the_remote_command_survives(cluster, on_host):
     assert out.returncode == 0, out.stderr[-2000:]
     args = sorted(x.split("ARG ", 1)[1] for x in out.stdout.splitlines() if "ARG " in x)
     assert args == [f"node1 {['two words']}", f"node2 {['two words']}"], shlex.join(args)
+
+
+def test_plain_elastic_keras_example_grows_onto_a_second_host_and_shrinks_back(cluster, on_host, tmp_path):
+    """Horovod's own elastic Keras 3 API (patches 0008-0009) across hosts: examples/plain/horovod_elastic_keras.py
+    under ``horovodrun --host-discovery-script``, started on node1; node2 is discovered after the first epoch (its
+    worker joins with the committed state) and taken away after the third (the job goes on alone). Every epoch of the
+    six runs once: the history's epochs are 1..6, with the world sizes that the discovery said."""
+    from tests.parallel.test_horovod_elastic import _discovery, _events, _rewrite_when
+
+    discovery, hosts_file = _discovery(tmp_path, "node1:1\n")
+    history, results = tmp_path / "history.jsonl", tmp_path / "final"
+    _rewrite_when(history, hosts_file, '"epoch": 1,', "node1:1\nnode2:1\n")
+    _rewrite_when(history, hosts_file, '"epoch": 3,', "node1:1\n")
+    out = on_host("node1", ["horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+                            str(discovery), "--elastic-timeout", "120", "--gloo", "--network-interface", "hv0",
+                            "-i", str(cluster.key), "-p", str(cluster.ssh_port), PY,
+                            "examples/plain/horovod_elastic_keras.py", "--epochs", "6", "--history", str(history),
+                            "--results", str(results)], timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    hist = _events(history)
+    assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5, 6], hist
+    sizes = [h["size"] for h in hist]
+    assert sizes[0] == 1 and 2 in sizes and sizes[-1] == 1, sizes        # grew onto node2, then shrank back
+    final = json.loads((tmp_path / "final.rank0.json").read_text())
+    assert (final["size"], final["epoch"]) == (1, 6)
+    assert final["loss"] < 0.5 * hist[0]["loss"]
