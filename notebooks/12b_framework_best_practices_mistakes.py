@@ -93,7 +93,15 @@ def train_by_hand(cfg, info, data, plan, lr_scaling, broadcast=True, seed_per_ra
         torch.manual_seed(rank_seed(cfg.train.seed, info.rank))
     model = ht.mlp(data.n_features, cfg.train.hidden, data.n_classes)
     lr = scaled_lr(cfg.train.lr, info.size, lr_scaling)
-    opt = ht.distributed_optimizer(ht.local_optimizer(cfg, model, lr), model, cfg.sync)
+    if broadcast:
+        opt = ht.distributed_optimizer(ht.local_optimizer(cfg, model, lr), model, cfg.sync)
+    else:
+        # The mistake as a plain Horovod script makes it: Horovod's own optimizer, which never broadcasts by itself.
+        # (hvdsync's distributed_optimizer broadcasts rank 0's state before its first step when nobody did, as DDP
+        # does when it is built, so with it this mistake cannot happen.)
+        import horovod.torch as hvd
+
+        opt = hvd.DistributedOptimizer(ht.local_optimizer(cfg, model, lr), named_parameters=model.named_parameters())
     record = {"built": params(model), "lr": lr, "history": [], "read_epoch_0": []}
     if broadcast:
         ht.broadcast_state(model, opt)
@@ -205,7 +213,9 @@ assert same_as_fit < 1e-5
 # `hvdsync.torch.init` seeds torch with the same global seed on every rank, so in PyTorch the models happen to
 # start equal; that is luck, not a guarantee. A script that does not seed, seeds per rank, restores a checkpoint on
 # rank 0 only, or builds a Keras 3 model starts every rank from different weights; the broadcast makes them equal.
-# Both runs below build each rank's model from its own seed; one calls `broadcast_state`, the other does not.
+# Both runs below build each rank's model from its own seed; one calls `broadcast_state`, the other does not and
+# uses Horovod's own `hvd.DistributedOptimizer`, as a plain Horovod script would (hvdsync's `distributed_optimizer`
+# broadcasts by itself before its first step when nobody did, as DDP does when it is built).
 # The averaged gradient is the same on both ranks, so both apply **the same update**: whatever difference the ranks
 # started with is carried along unchanged, step after step.
 
