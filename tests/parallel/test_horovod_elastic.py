@@ -126,17 +126,17 @@ def test_plain_elastic_keras_example_grows_from_one_worker_to_two(tmp_path):
     history = tmp_path / "history.jsonl"
     _rewrite_when(history, hosts_file, '"epoch": 1,', "localhost:2\n")
     out, wall = _horovodrun(tmp_path, discovery, 1, [
-        str(ROOT / "examples/plain/horovod_elastic_keras.py"), "--epochs", "6", "--results", str(out_prefix),
+        str(ROOT / "examples/plain/horovod_elastic_keras.py"), "--epochs", "12", "--results", str(out_prefix),
         "--history", str(history)])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     r0, r1 = (json.loads(Path(f"{out_prefix}.rank{r}.json").read_text()) for r in (0, 1))
-    assert r0["size"] == r1["size"] == 2 and r0["epoch"] == r1["epoch"] == 6
+    assert r0["size"] == r1["size"] == 2 and r0["epoch"] == r1["epoch"] == 12
     # the newcomer got the committed state: its first epoch is the survivor's, not 0
     assert r1["first_epoch"] >= 1 and r0["first_epoch"] == 0
     assert r0["iterations"] == r1["iterations"]
     assert _diff(r0["params"], [np.asarray(p) for p in r1["params"]]) == 0.0   # one model, bit for bit
     hist = _events(history)
-    assert [h["size"] for h in hist][0] == 1 and hist[-1]["size"] == 2 and hist[-1]["epoch"] == 6
+    assert [h["size"] for h in hist][0] == 1 and hist[-1]["size"] == 2 and hist[-1]["epoch"] == 12
     assert r0["loss"] < 0.5 * hist[0]["loss"]
 
 
