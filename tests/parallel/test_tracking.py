@@ -69,7 +69,21 @@ class Server:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its uvicorn worker: a dying server
+            import psutil
+
+            # A dying server: SIGKILL to the server and its uvicorn workers at once. `runs ui` starts the MLflow
+            # server in a process group of its own (so that it can stop it whole), hence every group under it.
+            groups = {self.proc.pid}
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                try:
+                    groups.add(os.getpgid(child.pid))
+                except ProcessLookupError:
+                    pass
+            for group in groups:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.wait(timeout=30)
 
 
