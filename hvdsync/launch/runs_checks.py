@@ -83,6 +83,9 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port: {port} is not allowed; expected a TCP port from 1 to 65535 (default 5000)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the server itself binds (uvicorn and gunicorn set SO_REUSEADDR): a port whose last server just died
+        # keeps connections in TIME_WAIT for a minute, and is free for a new server all the same.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
