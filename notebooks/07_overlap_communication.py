@@ -28,7 +28,7 @@
 # >    computation runs. → §2: per tensor, when each gradient was ready and when it was reduced; §4 the next batch
 # >    loaded while the step runs.
 # > 4. Frameworks and communication libraries support such asynchronous operations. → §1 Horovod's per-parameter
-# >    hooks; §3 hvdsync's default and DDP's buckets (sizes read from the installed torch).
+# >    hooks; §3 hvdsync's default, buckets like DDP's (sizes and DDP's rule read from the installed torch).
 # > 5. With careful pipelining, communication can be hidden almost entirely behind computation. → §1 prints the
 # >    largest share hidden in this run; on 2 shared CPU cores it is not complete, and a case built to hide nearly all
 # >    of it is not shown yet.
@@ -42,7 +42,7 @@
 # to `HOROVOD_FUSION_THRESHOLD` bytes) and all-reduces it. Whatever finishes before backward does is **hidden**;
 # only the rest shows up as waiting (`sync_wait` in hvdsync's phase timers). hvdsync's PyTorch training uses these
 # hooks only for models whose gradients exceed `sync.grouped_mb` (25 MiB by default); smaller ones are all-reduced
-# in a few grouped calls, DDP's buckets, each started when backward has produced its last gradient (section 3).
+# in a few grouped calls, buckets like DDP's, each started when backward has produced its last gradient (section 3).
 #
 # We measure it with Horovod's own instrument, the **timeline** (`HOROVOD_TIMELINE`: a Chrome trace written by
 # rank 0 with, per tensor, negotiation, queueing, the fusion-buffer copies and the all-reduce), parsed by
@@ -282,7 +282,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## 3 · What hvdsync does by default: grouped all-reduces in DDP's buckets, for models up to `sync.grouped_mb`
+# ## 3 · What hvdsync does by default: grouped all-reduces in buckets like DDP's, for models up to `sync.grouped_mb`
 #
 # Sections 1 and 2 measured Horovod's hooks. They are **not** what hvdsync's PyTorch training uses for small
 # models. `hvdsync.torch.distributed_optimizer` (which `fit` and `build` call) adds up the bytes of the gradients
@@ -290,7 +290,7 @@ plt.show()
 #
 # * **at most `sync.grouped_mb` MiB (default 25, the size of DDP's later buckets, `bucket_cap_mb`; DDP's first
 #   bucket is only 1 MiB, so that its first all-reduce starts early in backward)**: a `GroupedOptimizer`, which cuts
-#   the gradients once into DDP's buckets (in backward order, the first up to 1 MiB, the others up to
+#   the gradients once into buckets like DDP's (in backward order, the first up to 1 MiB, the others up to
 #   `sync.grouped_mb`; a tensor larger than that is a bucket of its own) and hands each bucket to Horovod in ONE
 #   `hvd.grouped_allreduce` when the last backward pass (of `sync.accumulate`) has produced all its gradients. A step
 #   pays Horovod's fixed cost per round (a cycle's wait, the negotiation) once per bucket, two or three times,
@@ -303,6 +303,13 @@ plt.show()
 #   the size, `sync.mode` other than `allreduce` has its own optimizer, and TensorFlow always reduces in one
 #   grouped call.
 #
+# **Like DDP's, not the same rule.** DDP (from its second iteration, once it has seen the order backward produces the
+# gradients) fills a bucket by adding the next tensor and closing the bucket once it has *reached* its cap
+# (`torch.distributed._compute_bucket_assignment_by_size`), so a bucket overshoots its cap by up to one tensor.
+# hvdsync (`hvdsync.torch.grouped.buckets`) closes the open bucket *before* a tensor that would take it over its cap.
+# On the probe's `big_last` model the two differ at once: DDP's first bucket is the output layer's 4 kB bias and its
+# 4 MiB weight together, hvdsync's is the bias alone (both rules run on the model below).
+#
 # The fusion-64 MiB job above also trained the probe's `big_last` model through `distributed_optimizer`, at the
 # default and with `grouped_mb: 8` (below this model's gradient size, so the hooks), and the same timeline says
 # how much of the all-reduce hid behind backward.
@@ -312,7 +319,7 @@ tl64 = jobs[64][1]
 for row in extras["hvdsync"]:
     spans = tl64.select(op="ALLREDUCE", between=row["segment"])
     row["hidden"] = hidden_share(spans, row["backward"])
-    kind = "DDP's buckets" if row["grouped"] else "Horovod's hooks"
+    kind = "grouped buckets" if row["grouped"] else "Horovod's hooks"
     print(f"{row['label']:24}: {row['gradient_mib']:.1f} MiB of gradients -> {kind:31} hidden {row['hidden']:6.1%}, "
           f"step (median) {np.median(row['step_seconds']) * 1e3:.1f} ms")
 default, hooks = extras["hvdsync"]
@@ -330,6 +337,22 @@ import torch.nn.parallel.distributed as ddp
 print(f"DDP: first bucket {torch.distributed._DEFAULT_FIRST_BUCKET_BYTES / 2**20:g} MiB, later buckets "
       f"{ddp._DEFAULT_BUCKET_CAP_MB} MiB (bucket_cap_mb); hvdsync's sync.grouped_mb {SyncConfig().grouped_mb:g} MiB")
 assert torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 2**20 and ddp._DEFAULT_BUCKET_CAP_MB == SyncConfig().grouped_mb
+# Both rules on the big_last model's parameters, in the order backward produces their gradients.
+from hvdsync.torch.grouped import buckets
+
+widths = overlap.layer_widths("big_last")
+big_last = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])])
+params = list(big_last.parameters())
+backward_order = params[::-1]
+ddp_index, _ = torch.distributed._compute_bucket_assignment_by_size(
+    backward_order, [torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, ddp._DEFAULT_BUCKET_CAP_MB * 2**20])
+rules = {"DDP": [[backward_order[i] for i in b] for b in ddp_index],
+         "hvdsync": buckets(params, SyncConfig().grouped_mb * 2**20)}
+for rule, cut in rules.items():
+    print(f"{rule:8} buckets (MiB, backward order): "
+          + ", ".join(f"{sum(p.numel() * 4 for p in b) / 2**20:.3f} ({len(b)} tensors)" for b in cut))
+assert [p.shape for p in rules["DDP"][0]] == [params[-1].shape, params[-2].shape], "DDP: bias and weight together"
+assert len(rules["hvdsync"][0]) == 1 and rules["hvdsync"][0][0] is params[-1], "hvdsync: the bias alone"
 print(f"in this run the step took {np.median(default['step_seconds']) * 1e3:.0f} ms grouped and "
       f"{np.median(hooks['step_seconds']) * 1e3:.0f} ms with the hooks (medians of {len(hooks['step_seconds'])})")
 
@@ -376,7 +399,8 @@ plt.show()
 # * Horovod's hooks start each gradient's all-reduce as soon as backward produces it, so part of the communication
 #   runs while backward is still computing (asserted: over 5 % in the best row; in this run the share printed in
 #   section 1); an all-reduce started after backward hides nothing (asserted: under 5 % in every row).
-# * **hvdsync's PyTorch default for small models is DDP's buckets**: gradients up to `sync.grouped_mb` (25 MiB) go
+# * **hvdsync's PyTorch default for small models is buckets like DDP's** (DDP closes a bucket after the tensor
+#   that reaches its cap, hvdsync before a tensor that would pass it): gradients up to `sync.grouped_mb` (25 MiB) go
 #   in two or three grouped all-reduces, each started when backward has produced its bucket's last gradient, so
 #   little overlaps and a step pays Horovod's fixed cost per bucket, not per group of hooks; bigger models, or
 #   `sync.grouped_mb: 0`, get the hooks (section 3: on the probe's model less hides than with the hooks).

@@ -43,8 +43,10 @@
 #   gradients are divided by it before the update. Too large a scale *overflows* to inf; so the scale is
 #   **dynamic**: a step whose gradients hold an inf or nan is skipped and the scale halved; after a run of good
 #   steps it is doubled (PyTorch's `GradScaler`, Keras' `LossScaleOptimizer`).
-# * **bfloat16**: 8 exponent bits (float32's range), 7 mantissa bits. Nothing underflows that float32 keeps,
-#   so no loss scale is needed; it rounds more coarsely.
+# * **bfloat16**: 8 exponent bits (float32's range), 7 mantissa bits. Every normal float32 (down to ~1.2e-38) stays
+#   in range, so gradients do not underflow and no loss scale is needed; it rounds more coarsely. Only float32's
+#   subnormals lose out: bfloat16's smallest positive value is 2**-133 (~9.2e-41), and a float32 at or below half of
+#   it, 2**-134 (~4.6e-41), becomes 0 (computed in §1).
 #
 # With several workers one more thing matters: **the skip must be the same on every rank**. Usually it is by
 # itself: an inf in one rank's gradient *before* the all-reduce is summed into every rank's gradient, so every
@@ -99,6 +101,18 @@ print(f"median relative error in [1e-3, 1e3]: float16 {np.median(err16[inside]):
 finer = np.median(errbf[inside]) / np.median(err16[inside])
 print(f"float16 rounds {finer:.1f}x more finely than bfloat16 inside the range (3 mantissa bits more: 2**3 = 8)")
 assert 6 < finer < 10
+# Where bfloat16 does lose what float32 keeps: below float32's normal range. torch's conversion rounds to nearest
+# (ties to even): the smallest positive bfloat16 is 2**-133, and float32 values up to half of it become 0.
+import torch
+
+smallest_bf16 = torch.tensor(2.0**-133).to(torch.bfloat16)
+half_of_it = torch.tensor(2.0**-134, dtype=torch.float32)
+just_above = torch.nextafter(half_of_it, torch.tensor(1.0))
+to_bf16 = [float(v.to(torch.bfloat16)) for v in (half_of_it, just_above)]
+print(f"bfloat16's smallest positive value {float(smallest_bf16):.3e}; float32 {float(half_of_it):.4e} -> "
+      f"{to_bf16[0]:g}, the next float32 up {float(just_above):.4e} -> {to_bf16[1]:.3e}")
+assert float(smallest_bf16) == 2.0**-133 > 0 and to_bf16 == [0.0, 2.0**-133]
+assert float(torch.tensor(2.0**-133 / 2**4).to(torch.bfloat16)) == 0.0 < 2.0**-133 / 2**4   # float32 keeps it
 
 # %% [markdown]
 # ## 2 · Training on 2 workers: fp32, fp16 with a loss scale, bf16
@@ -305,9 +319,10 @@ assert held[256] < 0.6, "at a batch where activations dominate, bf16 holds littl
 #   recipe skips on both (asserted in §4). A non-finite value that reaches one rank only, after the exchange, makes
 #   the naive ranks diverge for good (asserted in §4); hvdsync all-reduces the decision, so both ranks skipped,
 #   halved their scale, and kept identical parameters either way.
-# * **Less memory, as the batch grows.** bf16 held 0.83x float32's activation bytes at batch 8, 0.61x at 32 and
-#   0.55x at 256 (§5, counted): autocast's 16-bit weight copies are a fixed cost, and the loss's float32 tensors
-#   stay; a pure halving is the limit, not the figure.
+# * **Less memory, as the batch grows.** bf16 held a smaller fraction of float32's activation bytes at every larger
+#   batch, above one half and under 0.6 at batch 256 (§5, counted and asserted; this run's fractions are printed
+#   there): autocast's 16-bit weight copies are a fixed cost, and the loss's float32 tensors stay; a pure halving is
+#   the limit, not the figure.
 # * **Codecs and loss scaling:** with top-k, int8 or PowerSGD hvdsync skips the codec on an overflowed step (its
 #   residuals would take the inf) and runs it on the unscaled gradient, so residuals keep their meaning when the
 #   scale changes (checked with a forced overflow on one rank by `tests/parallel/test_codecs.py`, not in this

@@ -161,9 +161,12 @@ for v in table.values():
 # %% [markdown]
 # ## 2b · Forward and backward, apart
 #
-# hvdsync's `compute` phase is forward and backward together: in a distributed step Horovod's hooks start the
-# all-reduce inside the backward pass, so a worker cannot time the two apart without stopping that overlap. Here, in
-# this notebook's process, on the same three models and batch: each pass timed on its own
+# hvdsync's `compute` phase is forward and backward together. These three models' gradients are under
+# `sync.grouped_mb`, so their one grouped bucket is all-reduced once backward has produced its last gradient
+# (section 4), not from hooks during backward; the loop's timers simply do not split the two passes (for a model
+# above `sync.grouped_mb`, Horovod's hooks would start all-reduces inside backward, and a backward timer would count
+# part of the communication). Here, in this notebook's process, on the same three models and batch: each pass timed
+# on its own
 # (`hvdlab.torch.passes.pass_seconds`, medians of 20 after 3 warm-ups).
 #
 # **Predict, then run.** The backward pass computes two products per layer (the gradient of the input and of the

@@ -29,7 +29,7 @@
 # > 4. Wrap the model in the DDP wrapper. → part 1 §4.
 # > 5. Use a distributed sampler so that the ranks' shares of the data do not overlap. → part 2 §3 leaves the sharding
 # >    out (every sample read twice, twice the steps, counted); the notebooks shard with hvdsync's `PlanSampler`.
-# >    PyTorch's own `DistributedSampler` is not run here yet.
+# >    PyTorch's own `DistributedSampler` runs in part 1 §4b (plain Horovod and DDP + `torchrun` scripts).
 # > 6. Choose the backend to fit the hardware: a high-performance MPI library on CPU clusters, the built-in library
 # >    (NCCL) on GPU clusters. → part 1 §3 reads which backends this Horovod build has; the jobs here run on Gloo
 # >    (CPU, one machine); NCCL needs GPUs and is described, not run.

@@ -73,8 +73,8 @@ print(Config.from_dict({"sync": {"sparse": "allgather"}}).sync)
 # %% [markdown]
 # ## 1 · The measurements, in two Horovod jobs
 #
-# The worker functions live in hvdsync (`hvdlab.torch.codesign`, `hvdlab.tensorflow.codesign`,
-# `hvdlab.torch.split`); here they are only called. One job of 2 workers runs the PyTorch measurements and then the
+# The worker functions live in the lab package beside hvdsync, hvdlab (`hvdlab.torch.codesign`,
+# `hvdlab.tensorflow.codesign`, `hvdlab.torch.split`), and train through hvdsync's adapters; here they are only called. One job of 2 workers runs the PyTorch measurements and then the
 # TensorFlow ones (batch norm and embeddings; each framework's Horovod module shares the one Horovod started in the
 # worker, so the second framework costs no second start-up), and one PyTorch job of 4 workers runs the split: two
 # pairs, data parallel across them, against plain data parallelism on the same 4 workers.

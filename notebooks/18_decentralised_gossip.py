@@ -35,7 +35,13 @@
 # global agreement: each rank keeps its own parameters and, every H steps, averages them only with its
 # **neighbours** on a communication graph, here a ring (D-PSGD: Lian et al., NeurIPS 2017):
 #
-# `x_r ← Σ_j W[r, j] · x_j  (j ∈ {r−1, r, r+1}),   then   x_r ← x_r − lr · ∇f_r(x_r)`
+# `x_r ← Σ_j W[r, j] · x_j − lr · ∇f_r(x_r)   (j ∈ {r−1, r, r+1}; the gradient taken at the parameters before the mixing)`
+#
+# hvdsync's real workers (section 2) follow that order, Lian et al.'s: backward computes the gradient at the
+# current parameters, then `optimizer.step()` mixes them with the neighbours' and applies that gradient to the mixed
+# ones (`hvdsync/torch/schemes/gossip.py`). The numpy simulation of section 3 (`hvdlab.sim`) takes the other common
+# order: it mixes first and takes the gradient at the mixed parameters, `x_r ← x_r − lr · ∇f_r(x_r)` after the
+# mixing (the same mixing and the same traffic; the two differ by where the gradient is evaluated).
 #
 # W is the Metropolis matrix of the ring (`hvdsync.core.comm.schemes.gossip.mixing_matrix`): doubly stochastic, so the
 # ranks' *mean* follows plain SGD while their spread around it, the **consensus distance** (Kong et al., ICML 2021),
@@ -51,6 +57,12 @@
 # With W = 2 both neighbours are the same rank and one mixing is an exact average, so section 2 also runs 4 real
 # workers, and 8 and 16 ranks come from the numpy simulation of the same algorithm (`hvdlab.sim`), whose one round
 # is checked against the Horovod one at W = 2 in the test suite.
+#
+# **What this notebook runs, and what it does not.** Of the guide's newer directions it runs one, decentralised
+# averaging (gossip, sections 1-4: by hand, on real Horovod workers, simulated). Sharding the training state
+# (ZeRO, FSDP, section 5) is shown only as a measured optimizer state and arithmetic: hvdsync does not shard
+# optimizer state, parameters or gradients, and nothing here trains sharded. New hardware is not run either (no
+# accelerator here; notebook 03 §2 uses vendors' figures).
 
 # %%
 import matplotlib.pyplot as plt
@@ -231,7 +243,9 @@ print("gossip bytes per rank per mixing, W = 4, 8, 16, 64:", [int(gossip.traffic
 #
 # Data parallelism replicates the model, its gradients and the optimizer's state on every rank. Newer frameworks
 # shard them instead: ZeRO (Rajbhandari et al., SC 2020; DeepSpeed) in three stages — optimizer state (1), plus
-# gradients (2), plus parameters (3) — and PyTorch's FSDP, which is stage 3. The cell measures what a real
+# gradients (2), plus parameters (3) — and PyTorch's FSDP, whose strategies map onto those stages: `FULL_SHARD`
+# (its default) is stage 3, `SHARD_GRAD_OP` keeps the parameters whole between forward and backward like stage 2
+# (the strategies are read from the installed torch below). The cell measures what a real
 # `torch.optim.Adam` keeps per parameter, then does the memory **arithmetic** (not a measurement) for mixed-precision
 # training: 2 bytes of 16-bit parameters, 2 of gradients, and K = 12 of fp32 master copy and Adam's two moments.
 
@@ -245,6 +259,10 @@ adam.step()
 n_params = sum(p.numel() for p in model.parameters())
 state = sum(t.numel() * t.element_size() for st in adam.state.values() for t in st.values()
             if torch.is_tensor(t) and t.dim() > 0)                # the step counter is a scalar
+from torch.distributed.fsdp import ShardingStrategy
+
+print("FSDP's sharding strategies in this torch:", ", ".join(s.name for s in ShardingStrategy))
+assert {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"} <= {s.name for s in ShardingStrategy}
 print(f"measured: Adam keeps {state / n_params:.1f} bytes per parameter (two fp32 moments) for {n_params:,} parameters")
 assert state == 8 * n_params
 K = state / n_params + 4                                          # + the fp32 master copy of mixed precision
@@ -291,5 +309,6 @@ plt.show()
 #   without closing it: by the mixing matrix's second eigenvalue, 1/3, at every mixing (asserted in section 2).
 #   Larger worlds come from the simulation, checked against the real exchange.
 # * Recent frameworks shard what data parallelism replicates: the measured Adam state (8 bytes per parameter) plus
-#   a master copy makes 16 bytes per parameter replicated; sharded over 64 ranks, ZeRO-3 / FSDP needs 1/64 of it
-#   (arithmetic, checked against the ZeRO paper's figures), for 1.5x the bytes of an all-reduce.
+#   a master copy makes 16 bytes per parameter replicated; sharded over 64 ranks, ZeRO-3 / FSDP's `FULL_SHARD`
+#   needs 1/64 of it (arithmetic, checked against the ZeRO paper's figures), for 1.5x the bytes of an all-reduce.
+#   This is arithmetic only: hvdsync does not shard training state, and this notebook trains nothing sharded.
