@@ -29,7 +29,7 @@
 # > 3. Its strengths: clear logic, and fault tolerance that is comparatively easy to build. → §4: with threads, an
 # >    asynchronous server keeps going when a worker is lost, a synchronous step stops.
 # > 4. Its weakness: the central server can become the communication bottleneck. → §2: bytes per rank counted on 2
-# >    workers and, in a numpy simulation, at 4 and 8 ranks (the server's rank carries W/2 × a ring rank's bytes); §3
+# >    workers and, in a numpy simulation, at 4 and 8 ranks (the server's rank against a ring rank: counted there); §3
 # >    the patterns timed.
 # > 5. Ways to improve it: hierarchical parameter servers, and asynchronous updates to cut waiting. → §4: what a two-
 # >    level server saves (counted); asynchronous updates: §4 here and notebook 13.
@@ -155,8 +155,7 @@ for world, servers in ((2, 0), (4, 1), (4, 0), (8, 2), (8, 0)):
 
 # %% [markdown]
 # With W = 2 the server's load, (W−1)·S each way, equals any rank's in the ring, 2(W−1)/W·S = S. The numpy
-# simulation counts the same way for more ranks: the server's link grows like W, a ring or sharded rank's stays
-# below 2S, and all three reach the same parameters.
+# simulation counts the same way for more ranks, and checks that all three reach the same parameters.
 #
 # **Predict, then run.** With W = 8 ranks, how many times the bytes a ring rank sends per step will rank 0 send, as
 # the one server, and as one owner of a sharded PS? Write your guess in the next cell (a dict of two ratios), then

@@ -239,6 +239,7 @@ print(f"your prediction: {my_prediction}; measured: {shown}" if my_prediction is
       f"measured: {shown} (write a prediction above and run again to compare)")
 
 # %%
+# answers: my_prediction (the hidden shares, drawn)
 fig, ax = plt.subplots(figsize=(9, 3.4))
 labels = [f"{o}\n{mb} MiB" for mb in THRESHOLDS for o in ("big_last", "big_first")]
 for i, variant in enumerate(overlap.VARIANTS):

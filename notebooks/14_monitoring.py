@@ -150,7 +150,8 @@ def history(run, key):
     return [m.step for m in h], [m.value for m in h]
 
 
-fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+# The ranks' step and working times of the slow run are drawn after the question below, which asks for them.
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 for name, run in runs.items():
     axes[0].plot(*history(run, "monitor/param_spread"), marker=".", label=name)
     axes[1].plot(*history(run, "monitor/straggler_ratio"), marker=".", label=name)
@@ -158,12 +159,6 @@ axes[0].axvline(NUDGE_STEP + 1, color="grey", ls=":")
 axes[0].set(title="parameter fingerprint spread across ranks", xlabel="step", yscale="symlog")
 axes[1].axhline(base.monitor.straggler_ratio, color="grey", ls=":")
 axes[1].set(title="slowest rank's working time / median of others", xlabel="step")
-for rank in (0, 1):
-    steps, step_s = history(runs["slow"], f"rank/{rank}/step_seconds")
-    axes[2].plot(steps, [1e3 * v for v in step_s], ls="--", label=f"rank {rank} step")
-    steps, work = history(runs["slow"], f"rank/{rank}/work_seconds")
-    axes[2].plot(steps, [1e3 * v for v in work], label=f"rank {rank} working")
-axes[2].set(title="slow run: step time vs working time (ms)", xlabel="step")
 for ax in axes:
     ax.legend(fontsize="small")
 plt.tight_layout()
@@ -202,6 +197,16 @@ print(f"your prediction: {my_prediction}; measured: step time {step_ms} ms (work
       if my_prediction is not None else
       f"measured: step time {step_ms} ms, working time {work_ms} ms "
       "(write a prediction above and run again to compare)")
+fig, ax = plt.subplots(figsize=(6, 3.6))
+for rank in (0, 1):
+    steps, step_s = history(slow, f"rank/{rank}/step_seconds")
+    ax.plot(steps, [1e3 * v for v in step_s], ls="--", label=f"rank {rank} step")
+    steps, work = history(slow, f"rank/{rank}/work_seconds")
+    ax.plot(steps, [1e3 * v for v in work], label=f"rank {rank} working")
+ax.set(title="slow run: step time vs working time (ms)", xlabel="step")
+ax.legend(fontsize="small")
+plt.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## 3 · The other signals: per-rank loss, update size, utilisation, network I/O

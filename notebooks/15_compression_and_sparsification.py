@@ -40,7 +40,7 @@
 # * **fewer bits per value** — `fp16`, `bf16` (2 bytes instead of 4) and `int8` (1 byte, stochastic rounding
 #   with one scale per tensor: unbiased, so the average over steps is right);
 # * **fewer values** — `topk:<ratio>` sends the largest |g|, `randk:<ratio>` a random subset drawn alike on every
-#   rank; a 1 % ratio is ~50× fewer bytes even counting top-k's int32 indices;
+#   rank; a 1 % ratio sends 1 % of the values, and top-k an int32 index with each (section 2 counts the bytes);
 # * **fewer dimensions** — `powersgd:<rank>` sends a rank-r factorisation P Qᵀ of each weight matrix, refined by
 #   one power iteration per step (Vogels et al. 2019).
 #

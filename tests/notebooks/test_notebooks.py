@@ -258,6 +258,65 @@ def test_the_exercise_check_catches_a_missing_question_guess_or_answer():
     assert exercise_problems(nbformat.v4.new_notebook(cells=[ask, guess])) != []
 
 
+# A prediction is named by its guess cell's variable (``my_prediction``). A cell answers it when its code uses that
+# name (the cell that prints the guess beside the measurement) or when it carries the marker ``answers:
+# my_prediction`` (a comment in code, ``<!-- answers: my_prediction -->`` in markdown, invisible once rendered): put
+# the marker on every other cell that shows the answer (a chart of the measured figure, a table of it).
+GUESS_NAME = re.compile(r"^(my_prediction\w*) = None\b", re.M)
+
+
+def _answers(cell: nbformat.NotebookNode, name: str) -> bool:
+    marked = re.search(rf"answers: {re.escape(name)}\b", cell.source) is not None
+    used = cell.cell_type == "code" and re.search(rf"\b{re.escape(name)}\b", cell.source) is not None
+    return marked or used
+
+
+def answer_order_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """Cells that answer a prediction before it is asked (empty: every question comes first). The question is the
+    markdown cell asking ``PREDICT`` before the prediction's guess cell."""
+    cells = nb.cells
+    problems = []
+    for guess, cell in enumerate(cells):
+        found = GUESS_NAME.search(cell.source) if cell.cell_type == "code" else None
+        if not found:
+            continue
+        name = found.group(1)
+        asked = max((i for i in range(guess) if cells[i].cell_type == "markdown" and PREDICT in cells[i].source),
+                    default=None)
+        if asked is None:
+            problems.append(f"cell {guess}: {name} is guessed without a question before it")
+            continue
+        answering = [i for i, c in enumerate(cells) if i != guess and _answers(c, name)]
+        if not [i for i in answering if i > guess]:
+            problems.append(f"{name}: no cell after the guess answers it")
+        problems += [f"cell {i} answers {name} before the question (cell {asked})" for i in answering if i < asked]
+    return problems
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_every_prediction_is_asked_before_the_cells_that_answer_it(stem):
+    assert answer_order_problems(_read_ipynb(stem)) == [], stem
+
+
+def test_the_order_check_catches_an_answer_moved_before_its_question():
+    md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    ask, guess = md(f"{PREDICT} How many?"), code("my_prediction = None   # e.g. 2")
+    answer = code("x = 4\nprint(f'your prediction: {my_prediction}; measured: {x}')")
+    chart = code("# answers: my_prediction\nplt.plot([x]); plt.show()")
+    spoiler = md("Rank 1 waits 4 ms.\n<!-- answers: my_prediction -->")
+    assert answer_order_problems(nbformat.v4.new_notebook(cells=[ask, guess, answer, chart, spoiler])) == []
+    assert answer_order_problems(nbformat.v4.new_notebook(cells=[chart, ask, guess, answer])) != []
+    assert answer_order_problems(nbformat.v4.new_notebook(cells=[spoiler, ask, guess, answer])) != []
+    assert answer_order_problems(nbformat.v4.new_notebook(cells=[ask, guess])) != []   # nothing answers it
+    # A real notebook, its marked chart moved above the question: the check fails on the reordered copy.
+    nb = _read_ipynb("07_overlap_communication")
+    assert answer_order_problems(nb) == []
+    marked = next(i for i, c in enumerate(nb.cells) if "answers: my_prediction" in c.source)
+    asked = next(i for i, c in enumerate(nb.cells) if PREDICT in c.source)
+    nb.cells.insert(asked, nb.cells.pop(marked))
+    assert any("before the question" in p for p in answer_order_problems(nb))
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_workers_are_started_only_through_hvdsync(stem):
     code = _code(_read_ipynb(stem))
