@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from hvdsync.core.elastic.loop import ElasticResult
     from hvdsync.core.elastic.state import ElasticState
     from hvdsync.core.train.data import Dataset
-    from hvdsync.core.train.loop import FitResult
+    from hvdsync.core.train.callbacks import FitResult
     from hvdsync.core.train.runtime import WorkerInfo
 
 # The module files of every adapter (paths under hvdsync/<framework>/).

@@ -12,12 +12,12 @@ from hvdsync.core.comm.codecs import codec_state_of
 from hvdsync.core.comm.schemes import MODES
 from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.core.elastic.loop import ElasticResult, elastic_fit
-from hvdsync.core.telemetry.observe import ObserverSettings
+from hvdsync.core.telemetry.observe import Observer, ObserverSettings
 from hvdsync.core.telemetry.tracking import Tracker, make_tracker
 from hvdsync.core.train import loop
-from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.train.callbacks import Callback, FitResult
 from hvdsync.core.train.data import Dataset
-from hvdsync.core.train.loop import FitResult, LoopSettings
+from hvdsync.core.train.loop import LoopSettings
 from hvdsync.core.train.runtime import applied_params
 from hvdsync.core.train.sharding import ShardPlan
 from hvdsync.datasets import load
@@ -47,7 +47,7 @@ def loop_settings(cfg, params: Mapping[str, Any] | None = None) -> LoopSettings:
         epochs=cfg.train.epochs, op=cfg.sync.op, batch_size=cfg.data.batch_size, accumulate=cfg.sync.accumulate,
         seed=cfg.train.seed, shuffle=cfg.data.shuffle, batch_growth=tuple(sorted(cfg.data.batch_growth.items())),
         adaptive_shares=cfg.data.shares == "adaptive", growth_lr=cfg.train.growth_lr,
-        params=dict(params if params is not None else applied_params(cfg)), observer=observer_settings(cfg))
+        params=dict(params if params is not None else applied_params(cfg)))
 
 
 def plan_for(cfg, dataset_size: int, world_size: int) -> ShardPlan:
@@ -56,16 +56,20 @@ def plan_for(cfg, dataset_size: int, world_size: int) -> ShardPlan:
 
 
 def fit_loop(cfg, backend, steps, evaluate=None, tracker: Tracker | None = None, callbacks: Sequence[Callback] = (),
-             **kwargs: Any) -> FitResult:
+             observe: bool = True, **kwargs: Any) -> FitResult:
     """The shared loop (:func:`hvdsync.core.train.loop.fit_loop`) as ``cfg`` says: the core's function with the
-    settings built from ``cfg`` (:func:`loop_settings`) and, unless given, the run's tracker (MLflow on rank 0 when
-    ``tracking.enabled``). The other arguments are the core function's.
+    settings built from ``cfg`` (:func:`loop_settings`), the observer ``cfg`` describes (per-step figures, monitor
+    alarms, the run's record: :class:`~hvdsync.core.telemetry.observe.Observer` with :func:`observer_settings`;
+    ``observe=False``: none) and, unless given, the run's tracker (MLflow on rank 0 when ``tracking.enabled``). The
+    other arguments are the core function's.
 
     Example:
         >>> result = fit_loop(cfg, backend, data, callbacks=make_callbacks(cfg))  # doctest: +SKIP
     """
     tracker = tracker if tracker is not None else make_tracker(cfg.tracking, backend.rank)
-    return loop.fit_loop(loop_settings(cfg), backend, steps, evaluate, tracker=tracker, callbacks=callbacks, **kwargs)
+    observer = Observer(observer_settings(cfg)) if observe else None
+    return loop.fit_loop(loop_settings(cfg), backend, steps, evaluate, tracker=tracker, callbacks=callbacks,
+                         observer=observer, **kwargs)
 
 
 def with_ledger(callbacks: Sequence[Callback], record_reads: bool, call: str, stacklevel: int = 2) -> list[Callback]:

@@ -36,7 +36,7 @@ def worker(runs: list[tuple[dict, float]]) -> list[list]:
     from hvdsync import datasets
     from hvdsync.config import Config
     from hvdsync.core.train.adaptive import AdaptiveShares
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
     from hvdsync.fitting import fit_loop
     from hvdsync.launch.worker import adapter as adapter_of
 

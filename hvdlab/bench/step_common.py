@@ -125,7 +125,7 @@ def step_clock(warmup: int, times: list, params: list):
     """A :class:`hvdsync.core.train.callbacks.Callback` for ``fit``: the seconds of each step after ``warmup`` into
     ``times``, the final parameters into ``params``. It runs after hvdsync's own per-step observer, so the figure
     includes what ``fit`` adds to a step."""
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
 
     class Clock(Callback):
         def on_step_begin(self, ctx):

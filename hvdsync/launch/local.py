@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry import jobrun
 from hvdsync.core.telemetry.jobrun import JobRun
-from hvdsync.core.train.loop import FitResult
+from hvdsync.core.train.callbacks import FitResult
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.runtime import apply_horovod_env
 from hvdsync.launch import worker

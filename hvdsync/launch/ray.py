@@ -41,9 +41,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
-from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.train.callbacks import Callback, FitResult
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
-from hvdsync.core.train.loop import FitResult
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import worker
 from hvdsync.launch.ray_cluster import (alive_nodes, check_capacity, connected, node_names, require_ray,

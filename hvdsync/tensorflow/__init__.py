@@ -23,7 +23,7 @@ from hvdsync.launch.quiet import quiet_imports
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 quiet_imports()
 
-from hvdsync.core.train.loop import Callback  # noqa: E402
+from hvdsync.core.train.callbacks import Callback  # noqa: E402
 from hvdsync.tensorflow import callbacks  # noqa: E402
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
 from hvdsync.tensorflow.data import PlanSampler, ShardedLoader  # noqa: E402

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from hvdsync import datasets
 from hvdsync.core.train import runtime
-from hvdsync.core.train.loop import Callback, FitResult
+from hvdsync.core.train.callbacks import Callback, FitResult
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.scaling import scaled_lr
 from hvdsync.core.train.sharding import PlanState

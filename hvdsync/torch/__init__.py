@@ -7,7 +7,7 @@
     PyTorch's only: TorchBackend (the backend class, named after its framework), LoaderSteps (a DataLoader as the
     shared loop's steps)
 """
-from hvdsync.core.train.loop import Callback
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.torch.compression import CodecCompressor
 from hvdsync.torch.data import LoaderSteps, PlanSampler, ShardedLoader
 from hvdsync.torch.elastic import elastic_state, fit_elastic, run_elastic

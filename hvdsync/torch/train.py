@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from hvdsync import datasets
 from hvdsync.core.train import runtime, seeding
 from hvdsync.core.comm.codecs import WireCounter
-from hvdsync.core.train.loop import Callback, FitResult
+from hvdsync.core.train.callbacks import Callback, FitResult
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.scaling import scaled_lr
 from hvdsync.core.train.sharding import PlanState

@@ -34,7 +34,7 @@ def _summary(result, counter, allgather, lrs):
 
 
 def _read_counter(reads, test_reads):
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
 
     class PerEpoch(Callback):
         """Keeps each epoch's read counts (training samples; test samples scored, after the epoch's evaluation)
@@ -54,7 +54,7 @@ def _read_counter(reads, test_reads):
 
 def _growth_run(fit, lr_of):
     """The built-in MLP on digits with the batch doubling at epoch 1 and again at 2: rounds, accuracy, lr."""
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
 
     class LearningRates(Callback):
         def __init__(self):
@@ -143,7 +143,7 @@ def tensorflow_workers():
     data = digits(seed=0)
     n = len(data.x_train)
     reads = np.zeros(n, dtype=np.int64)
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
 
     test_reads = np.zeros(len(data.x_test), dtype=np.int64)
     test_rows = {row.tobytes(): i for i, row in enumerate(data.x_test)}

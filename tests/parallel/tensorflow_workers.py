@@ -67,7 +67,7 @@ def check_fit(n: int, batch_size: int, accumulate: int, epochs: int, compression
     """The shared loop with the TensorFlow backend vs the plain-Keras reference on the same samples."""
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
     from hvdsync.fitting import fit_loop
     from hvdsync.core.train.sharding import ShardPlan
     from hvdsync.core.telemetry.tracking import Tracker
@@ -114,7 +114,7 @@ def check_phases(n: int = 160, batch_size: int = 8, warmup: int = 2) -> dict:
 
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
     from hvdsync.fitting import fit_loop
     from hvdsync.core.telemetry.profiling import PHASES
     from hvdsync.core.telemetry.tracking import Tracker

@@ -8,7 +8,8 @@ from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.core.train.data import digits
 from hvdsync.core.train.loader import PlanCursor, PlanLoader
 from hvdsync.core.elastic.ledger import SampleLedger
-from hvdsync.core.train.loop import Callback, array_evaluator
+from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.train.loop import array_evaluator
 from hvdsync.fitting import fit_loop, loop_settings, plan_for
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train.sharding import PlanState, ShardPlan
@@ -252,3 +253,60 @@ def test_the_evaluation_is_cut_by_the_shares_in_force_and_adds_up_to_the_whole_t
         scored = [evaluate()["test_accuracy"] for evaluate in ranks]
         assert [count for _, count in scored] == counts
         assert sum(correct for correct, _ in scored) == whole
+
+
+class _Warns(Callback):
+    """A callback with a warning line for the result, and the order of the callbacks' first hook."""
+
+    def __init__(self, name, order):
+        self.name, self.order, self.messages = name, order, [f"{name} says so"]
+
+    def on_train_begin(self, ctx):
+        self.order.append(self.name)
+
+
+def test_the_observer_is_handed_in_and_runs_first_and_every_callback_s_messages_reach_the_result(data):
+    from hvdsync.core.train import loop
+
+    order = []
+    result = loop.fit_loop(loop_settings(_cfg(epochs=1)), NumpyBackend(64, 10), data,
+                           callbacks=[_Warns("mine", order)], observer=_Warns("observer", order))
+    assert order == ["observer", "mine"]
+    assert result.warnings == ["observer says so", "mine says so"]
+    # Without an observer the loop runs none of its own (the elastic loop's case).
+    assert loop.fit_loop(loop_settings(_cfg(epochs=1)), NumpyBackend(64, 10), data).warnings == []
+
+
+class _CountsGathers(NumpyBackend):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.gathers = 0
+
+    def allgather(self, values):
+        self.gathers += 1
+        return super().allgather(values)
+
+
+def test_the_config_layer_hands_the_loop_the_observer_the_config_describes(data):
+    # The observer all-gathers the ranks' per-step figures every `monitor.every` steps: hvdsync.fitting makes it
+    # from the config and hands it to the loop; observe=False hands none (the loop makes no observer of its own).
+    cfg = Config.from_dict({**_cfg(epochs=1).to_dict(), "monitor": {"every": 3}})
+    steps = plan_for(cfg, len(data.x_train), 1).steps_per_epoch(0, 0)
+    observed, plain = _CountsGathers(64, 10), _CountsGathers(64, 10)
+    fit_loop(cfg, observed, data)
+    fit_loop(cfg, plain, data, observe=False)
+    assert steps > 6 and observed.gathers - plain.gathers == steps // 3
+
+
+@pytest.mark.parametrize("name", ["Callback", "TrainContext", "FitResult"])
+def test_the_hooks_old_path_in_the_loop_imports_for_one_release_and_warns_with_the_new_home(name):
+    from hvdsync.core.train import callbacks, loop
+
+    with pytest.warns(DeprecationWarning) as caught:
+        value = getattr(loop, name)
+    assert value is getattr(callbacks, name)
+    message = str(caught[0].message)
+    assert f"import {name} from hvdsync.core.train.callbacks" in message and "0.4.0" in message
+    assert caught[0].filename == __file__
+    with pytest.raises(AttributeError, match="hvdsync.core.train.loop"):
+        loop.NotAName  # noqa: B018

@@ -24,7 +24,8 @@ from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.core.elastic.state import CommittedState
 from hvdsync.core.telemetry.tracking import Tracker
 from hvdsync.core.train.data import Dataset
-from hvdsync.core.train.loop import Callback, LoopSettings, TrainContext, array_evaluator, fit_loop
+from hvdsync.core.train.callbacks import Callback, TrainContext
+from hvdsync.core.train.loop import LoopSettings, array_evaluator, fit_loop
 from hvdsync.core.train.sharding import PlanState
 
 RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
@@ -188,7 +189,7 @@ def elastic_fit(state: CommittedState, settings: LoopSettings, backend, data: Da
     result = fit_loop(settings, backend, data, evaluate, tracker=_ContinuingRun(tracker),
                       callbacks=[*callbacks, ElasticCallback(state, reporter)],
                       resume=PlanState(state.position.epoch, state.position.consumed),
-                      progress_desc=f"{backend.framework} elastic x{size}", observe=False,
+                      progress_desc=f"{backend.framework} elastic x{size}",
                       steps_before=state.position.step, state=state)
     reporter.note_run_id()
     history = state.user["history"]

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from hvdsync.core.telemetry import monitor
 from hvdsync.core.comm.codecs import WireCounter
-from hvdsync.core.train.callbacks import Callback, _Callbacks
+from hvdsync.core.train import callbacks as _hooks
+from hvdsync.core.train.adaptive import AdaptiveShares, GrowthLearningRate
 from hvdsync.core.train.data import Dataset
 from hvdsync.core.train.loader import PlanLoader
 from hvdsync.core.telemetry.profiling import PhaseTimer
@@ -83,7 +85,6 @@ class LoopSettings:
             (:class:`~hvdsync.core.train.adaptive.AdaptiveShares`).
         growth_lr: how the learning rate follows a growing batch (:func:`~hvdsync.core.train.scaling.grown_lr`).
         params: the run parameters the tracker records (``world_size`` is added).
-        observer: the :class:`~hvdsync.core.telemetry.observe.ObserverSettings` (None: their defaults).
 
     Example:
         >>> LoopSettings(epochs=2, batch_size=32).plan(dataset_size=1000, world_size=2).global_batch
@@ -100,7 +101,6 @@ class LoopSettings:
     adaptive_shares: bool = False
     growth_lr: str = "sqrt"
     params: Mapping[str, Any] = field(default_factory=dict)
-    observer: Any = None
 
     def plan(self, dataset_size: int, world_size: int) -> ShardPlan:
         """The shard plan for ``dataset_size`` samples on ``world_size`` ranks."""
@@ -108,100 +108,13 @@ class LoopSettings:
                          growth=self.batch_growth)
 
 
-@dataclass
-class FitResult:
-    """What one rank returns from ``fit``; the launcher returns rank 0's."""
-
-    framework: str
-    world_size: int
-    rank: int
-    epochs: int
-    test_accuracy: float
-    history: list[dict] = field(default_factory=list)
-    total_seconds: float = 0.0
-    samples_per_second: float = 0.0
-    wire: dict = field(default_factory=dict)
-    allreduce_rounds: float = 0.0
-    optimizer_steps: int = 0
-    backward_passes: int = 0
-    param_spread: float = 0.0
-    phase_seconds: dict = field(default_factory=dict)
-    run_id: str | None = None
-    # Where training stopped in the plan (``PlanState.to_dict()``): what a resumed job continues from.
-    plan_state: dict = field(default_factory=dict)
-    # Monitor alarms and a tracking store that did not answer, one line each (the launcher shows them).
-    warnings: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def summary(self) -> str:
-        accuracy = "n/a" if math.isnan(self.test_accuracy) else f"{self.test_accuracy:.4f}"
-        return (f"{self.framework} x{self.world_size}: test accuracy {accuracy} after {self.epochs} "
-                f"epochs in {self.total_seconds:.1f}s ({self.samples_per_second:.0f} samples/s), "
-                f"{self.wire.get('bytes', 0) / 1e6:.2f} MB handed to allreduce per rank "
-                f"({', '.join(self.wire.get('dtypes', [])) or 'none'}), params equal across ranks: "
-                f"{self.param_spread == 0.0}" + (f", MLflow run {self.run_id}" if self.run_id else ""))
-
-
-@dataclass
-class TrainContext:
-    """What a :class:`Callback` sees; the loop updates it in place.
-
-    Attributes:
-        settings: the run's :class:`LoopSettings` (``settings.epochs``, ...).
-        epoch: the current epoch; step: optimizer steps done in this epoch (counting those before a resume).
-        global_step: optimizer steps done by this run (not counting those before a resume).
-        steps_before: optimizer steps the job took before this run (an elastic run's committed steps); 0 otherwise.
-            ``job_step`` is ``steps_before + global_step``: the job's own count, across resets.
-        position: samples of this epoch's global order consumed by all ranks together (the plan position).
-        last_step: the step just taken (``Step``: its micro index arrays, ``global_count``); None before the first.
-        metrics: after a step ``{"loss": mean loss of the step on this rank}``; after an epoch the epoch's metrics
-            (gathered over ranks, identical on every rank).
-        stop_training: set it to True to end training after the current step (on every rank alike: collectives
-            must stay matched).
-        status: ``RUNNING``, then ``FINISHED``, ``FAILED`` or ``KILLED`` (interrupted) in ``on_train_end``.
-        state: an elastic run's committed state (:class:`~hvdsync.core.elastic.state.CommittedState`): what a
-            callback puts into ``state.user`` is committed and rolled back with the model; None outside one.
-    """
-
-    settings: LoopSettings
-    backend: Backend
-    tracker: Tracker
-    plan: ShardPlan
-    result: FitResult
-    rank: int
-    size: int
-    epoch: int = 0
-    step: int = 0
-    global_step: int = 0
-    position: int = 0
-    last_step: Step | None = None
-    metrics: dict = field(default_factory=dict)
-    stop_training: bool = False
-    status: str = "RUNNING"
-    steps: Any = None  # the step source (adaptive shares re-divide its plan between epochs)
-    steps_before: int = 0
-    state: Any = None
-
-    @property
-    def job_step(self) -> int:
-        """Optimizer steps of the whole job so far (see ``steps_before``)."""
-        return self.steps_before + self.global_step
-
-    @property
-    def plan_state(self) -> PlanState:
-        """The resumable position: (epoch, samples consumed), rolled over at the end of an epoch."""
-        return PlanState(self.epoch, 0).advanced(self.plan, self.position)
-
-
-class BeforeStep(Callback):
+class BeforeStep(_hooks.Callback):
     """``fn(epoch, step)`` before every step on every rank (teaching hooks, e.g. a slow rank in notebook 01)."""
 
     def __init__(self, fn: Callable[[int, int], None]) -> None:
         self.fn = fn
 
-    def on_step_begin(self, ctx: TrainContext) -> None:
+    def on_step_begin(self, ctx: _hooks.TrainContext) -> None:
         self.fn(ctx.epoch, ctx.step)
 
 
@@ -252,7 +165,7 @@ def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evalu
     return {k: float(v) for k, v in metrics.items()}
 
 
-def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar: Progress, start: int) -> dict:
+def _train_epoch(ctx: _hooks.TrainContext, steps: StepSource, callbacks: _hooks.Callback, bar: Progress, start: int) -> dict:
     backend, result = ctx.backend, ctx.result
     loss_sum, seen, step_times = 0.0, 0, []
     ctx.position = start
@@ -283,11 +196,12 @@ def _train_epoch(ctx: TrainContext, steps: StepSource, callbacks: Callback, bar:
 
 def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Dataset,
              evaluate: Callable[[], Evaluation] | None = None, tracker: Tracker | None = None,
-             callbacks: Sequence[Callback] = (), resume: PlanState | None = None,
+             callbacks: Sequence[_hooks.Callback] = (), resume: PlanState | None = None,
              before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
-             params: Mapping[str, Any] | None = None, observe: bool = True, steps_before: int = 0,
-             state: Any = None) -> FitResult:
-    """Train ``backend`` on ``steps`` as ``settings`` say; returns this rank's :class:`FitResult`.
+             params: Mapping[str, Any] | None = None, steps_before: int = 0, state: Any = None,
+             observer: _hooks.Callback | None = None) -> _hooks.FitResult:
+    """Train ``backend`` on ``steps`` as ``settings`` say; returns this rank's
+    :class:`~hvdsync.core.train.callbacks.FitResult`.
 
     A script with a config calls :func:`hvdsync.fitting.fit_loop` (the same arguments, with the config first): it
     builds the settings, the tracker and the recorded parameters from the config and calls this function.
@@ -301,14 +215,17 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
         evaluate: called on every rank after each epoch; returns ``{metric: (sum, count)}`` over this rank's share
             (or plain floats, averaged over ranks). None: no evaluation.
         tracker: the run's :class:`~hvdsync.core.telemetry.tracking.Tracker` (rank 0's records); None: no tracking.
-        callbacks: :class:`Callback` objects (tracking, profiling, elastic commits, ... plug in here).
+        callbacks: :class:`~hvdsync.core.train.callbacks.Callback` objects (tracking, profiling, elastic commits,
+            ... plug in here), called in this order.
         resume: start from this plan position (e.g. ``PlanSampler.state_dict()`` or an elastic commit).
         before_step: ``before_step(epoch, step)`` on every rank before each step (shorthand for a callback).
         params: run parameters to record instead of ``settings.params``.
-        observe: run the :class:`~hvdsync.core.telemetry.observe.Observer` (per-step metrics, monitor checks, the run's
-            record and artifacts). The elastic loop turns it off: it re-enters after every reset.
         steps_before: the job's optimizer steps before this run (``TrainContext.job_step``).
         state: an elastic run's committed state, for the callbacks (``TrainContext.state``).
+        observer: the callback that records per-step and per-rank figures, monitor checks and the run's artifacts
+            (:class:`~hvdsync.core.telemetry.observe.Observer`), called before all others; None: none. The loop
+            builds none itself: :func:`hvdsync.fitting.fit_loop` hands it the one the config describes, and the
+            elastic loop none (it re-enters this loop after every reset).
 
     Example:
         >>> result = fit_loop(LoopSettings(epochs=2), backend, PlanLoader(x, y, plan, rank), evaluate=my_eval)  # doctest: +SKIP
@@ -331,20 +248,16 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
                 for e in range(resume.epoch, settings.epochs))
     bar = Progress(total if resume.epoch < settings.epochs else 0, rank,
                    desc=progress_desc or f"{backend.framework} x{size}")
-    result = FitResult(backend.framework, size, rank, settings.epochs, float("nan"))
-    ctx = TrainContext(settings, backend, tracker, plan, result, rank, size, epoch=resume.epoch,
-                       position=resume.consumed, steps=steps, steps_before=steps_before, state=state)
-    from hvdsync.core.train import adaptive  # here: these modules build on this module's Callback
-    from hvdsync.core.telemetry.observe import Observer
-
-    # The observer first: per-step and per-rank figures, monitor checks and the run's artifacts (hvdsync.core.telemetry.observe).
-    observers = [Observer(settings.observer)] if observe else []
-    own = list(observers)
+    result = _hooks.FitResult(backend.framework, size, rank, settings.epochs, float("nan"))
+    ctx = _hooks.TrainContext(settings, backend, tracker, plan, result, rank, size, epoch=resume.epoch,
+                              position=resume.consumed, steps=steps, steps_before=steps_before, state=state)
+    # The observer first (per-step and per-rank figures, monitor checks, the run's artifacts), then the loop's own.
+    own = [observer] if observer is not None else []
     if settings.adaptive_shares:
-        own.append(adaptive.AdaptiveShares())
+        own.append(AdaptiveShares())
     if plan.growth:
-        own.append(adaptive.GrowthLearningRate(settings.growth_lr))
-    hooks = _Callbacks([*own, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
+        own.append(GrowthLearningRate(settings.growth_lr))
+    hooks = _hooks._Callbacks([*own, *callbacks] + ([BeforeStep(before_step)] if before_step is not None else []))
     start = time.perf_counter()
     try:
         hooks.on_train_begin(ctx)
@@ -388,10 +301,10 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
             tracker.finish(ctx.status)
             # After finish: the tracker writes to a local spool first, and the run id is the store's answer.
             result.run_id = tracker.run_id
-            result.warnings = [*(m for o in observers for m in o.messages), *tracker.messages]
+            result.warnings = [*hooks.messages, *tracker.messages]
 
 
-def _finish(ctx: TrainContext, start: float) -> None:
+def _finish(ctx: _hooks.TrainContext, start: float) -> None:
     result, backend = ctx.result, ctx.backend
     result.total_seconds = time.perf_counter() - start
     result.test_accuracy = result.history[-1].get("test_accuracy", float("nan")) if result.history else float("nan")
@@ -409,3 +322,17 @@ def _finish(ctx: TrainContext, start: float) -> None:
     if not math.isnan(result.test_accuracy):
         final["final_test_accuracy"] = result.test_accuracy
     ctx.tracker.log_metrics(final, step=ctx.settings.epochs)
+
+
+# Moved to hvdsync.core.train.callbacks in 0.3.0 (the loop's hooks and what they see, in a module below the loop, so
+# that the callbacks import no loop and the loop no callback back): the old names keep importing until 0.4.0.
+_MOVED = ("Callback", "TrainContext", "FitResult")
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        warnings.warn(f"hvdsync.core.train.loop.{name} moved to hvdsync.core.train.callbacks in hvdsync 0.3.0: import "
+                      f"{name} from hvdsync.core.train.callbacks (the old path goes in 0.4.0)", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(_hooks, name)
+    raise AttributeError(f"module 'hvdsync.core.train.loop' has no attribute {name!r}")
