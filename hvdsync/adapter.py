@@ -79,7 +79,8 @@ class Adapter(Protocol):
         """Rank ``root_rank``'s model and optimizer state to every rank."""
 
     def CodecCompressor(self, codec: Codec | str, counter: WireCounter | None = None) -> Any:
-        """Horovod's ``compression=`` hook for the cast codecs (``none``, ``fp16``, ``bf16``)."""
+        """Horovod's ``compression=`` hook for the cast codecs (``none``, ``fp16``; not ``bf16``, which travels by
+        allgather)."""
 
     # ---- data ------------------------------------------------------------------------------------------------
     def PlanSampler(self, dataset, batch_size: int, accumulate: int = 1, seed: int = 0, shuffle: bool = True,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from hvdsync.config.checks import (FRAMEWORKS, LR_SCALING, OPTIMIZERS, PRECISIONS, REDUCE_OPS, ConfigError, _bool,
                                    _choice, _fail, _import_plugins, _int, _number, _registered)
-from hvdsync.core.comm.codecs import get_codec
+from hvdsync.core.comm.codecs import CODECS, get_codec
 from hvdsync.core.train.gpus import DEVICES
 from hvdsync.core.train.scaling import GROWTH_LR_RULES
 from hvdsync.core.comm.schemes import MODES
@@ -22,7 +22,10 @@ class SyncConfig:
     Args:
         compression: codec for gradients on the wire, ``name`` or ``name:param``: ``none``, ``fp16``, ``bf16``,
             ``topk:<ratio>``, ``randk:<ratio>`` (ratio in (0, 1]), ``int8``, ``powersgd:<rank>`` (see
-            :mod:`hvdsync.core.comm.codecs`).
+            :mod:`hvdsync.core.comm.codecs`). ``none`` and ``fp16`` are the cast codecs: the whole gradient, in
+            another dtype, through Horovod's all-reduce. ``bf16`` sends as many bytes as ``fp16`` but is not one:
+            Horovod cannot all-reduce bfloat16, so the values travel by allgather and each rank sums them in float32;
+            with ``op: adasum`` or ``sparse: allgather`` only a cast codec goes.
         error_feedback: codecs that drop information (top-k, rand-k, int8, PowerSGD) keep what they did not send
             and add it to the next gradient; ``false`` drops it (to see what error feedback buys).
         momentum_correction: with ``topk``/``randk`` and error feedback, SGD's momentum moves from the optimizer into
@@ -31,7 +34,8 @@ class SyncConfig:
             second time. The optimizer's ``momentum`` (and, in PyTorch, its coupled ``weight_decay``) are set to 0
             and applied by the codec. No effect with other codecs or without momentum.
         accumulate: backward passes per optimizer step; gradients are all-reduced once per ``accumulate`` passes.
-        op: how Horovod combines gradients: ``average`` (default), ``sum`` or ``adasum``.
+        op: how Horovod combines gradients: ``average`` (default), ``sum`` or ``adasum`` (Adasum combines whole
+            gradients inside Horovod's all-reduce: with a cast codec only, ``compression`` none or fp16).
         fusion_threshold_mb: Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD), in MiB.
         cycle_time_ms: Horovod background-loop cycle time (HOROVOD_CYCLE_TIME), in milliseconds.
         cache_capacity: Horovod response-cache entries (HOROVOD_CACHE_CAPACITY); 0 turns the cache off.
@@ -92,14 +96,11 @@ class SyncConfig:
         _int("sync.accumulate", self.accumulate, 1)
         _choice("sync.op", self.op, REDUCE_OPS)
         if self.op == "adasum" and not codec.cast:
-            # Adasum combines whole gradients pairwise; sparse or low-rank pieces have no Adasum.
-            # The allowed ones are the cast codecs (bf16 travels by allgather: not an all-reduce Adasum can do).
-            from hvdsync.core.comm.codecs import CODECS
-
-            cast = [name for name, entry in CODECS.items() if entry.param is None and _is_cast(entry)]
-            _fail("sync.compression", self.compression, f"with sync.op adasum (Adasum combines whole gradients in "
-                  f"Horovod's all-reduce, and {self.compression!r} does not travel by all-reduce) choose one of: "
-                  f"{', '.join(cast)}; or keep {self.compression!r} with sync.op average or sum")
+            # Adasum combines whole gradients pairwise inside Horovod's all-reduce; pieces (top-k, PowerSGD) and
+            # gathered values (int8, bf16) have no Adasum. The allowed ones are the cast codecs.
+            _fail("sync.compression", self.compression, "with sync.op adasum (Adasum combines whole gradients in "
+                  f"Horovod's all-reduce, which only a cast codec hands it) choose one of: {', '.join(cast_codecs())}"
+                  f"; or keep {self.compression!r} with sync.op average or sum" + _BF16_NOTE.get(codec.name, ""))
         self._check_sparse(codec)
         _number("sync.fusion_threshold_mb", self.fusion_threshold_mb, 0.0)
         _number("sync.cycle_time_ms", self.cycle_time_ms, 0.0, low_open=True)
@@ -115,7 +116,8 @@ class SyncConfig:
         # through the all-reduce path. Densifying works with all of them.
         if not codec.cast:
             _fail("sync.sparse", self.sparse, f"with sync.compression {self.compression!r} choose dense (the codec "
-                  "then compresses the densified gradient), or use allgather with compression none or fp16")
+                  "then compresses the densified gradient), or use allgather with a cast codec: compression "
+                  f"{' or '.join(cast_codecs())}" + _BF16_NOTE.get(codec.name, ""))
         if self.op == "adasum":
             _fail("sync.sparse", self.sparse, "with sync.op adasum choose dense (Adasum has no sparse form)")
         if self.mode != "allreduce":
@@ -381,6 +383,17 @@ class MonitorConfig:
         _int("monitor.every", self.every, 0)
         _number("monitor.straggler_ratio", self.straggler_ratio, 1.0, low_open=True)
         _number("monitor.divergence_tolerance", self.divergence_tolerance, 0.0)
+
+
+# bf16 is the one codec that sends a gradient whole in 16 bits and still is not a cast codec: said where it is refused.
+_BF16_NOTE = {"bf16": " (bf16 is not a cast codec: Horovod cannot all-reduce bfloat16, so its values travel by "
+                      "allgather and each rank sums them)"}
+
+
+def cast_codecs() -> list[str]:
+    """The registered codecs (those without a parameter) that are cast codecs: the gradient whole, in another dtype,
+    through Horovod's all-reduce (``none``, ``fp16`` and a user's own). What Adasum and sparse allgather take."""
+    return [name for name, entry in CODECS.items() if entry.param is None and _is_cast(entry)]
 
 
 def _is_cast(entry) -> bool:

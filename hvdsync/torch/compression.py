@@ -2,14 +2,15 @@
 
 The maths of every codec is in :mod:`hvdsync.core.comm.codecs`; here are only torch kernels and Horovod calls.
 
-* Cast codecs (``none``, ``fp16``, ``bf16``) keep the gradient's shape: :class:`CodecCompressor` is Horovod's
+* Cast codecs (``none``, ``fp16``) keep the gradient's shape: :class:`CodecCompressor` is Horovod's
   ``compression=`` hook, so ``hvd.DistributedOptimizer`` keeps all-reducing asynchronously from the backward hooks.
   Horovod calls ``compress`` right before the all-reduce, so what it returns is exactly what travels; the
   :class:`~hvdsync.core.comm.codecs.WireCounter` records it.
-* The other codecs (top-k, rand-k, int8, PowerSGD) send other shapes (values and indices, factors), which
-  Horovod's hook cannot do. :class:`CodecOptimizer` reduces after the backward pass, in ``synchronize()``, through
-  :class:`CodecReducer`: the core's reducer (:mod:`hvdsync.core.comm.reducer`) runs the codec and counts, and
-  each round becomes one grouped all-reduce and one grouped allgather here (:class:`TorchCollectives`).
+* The other codecs (top-k, rand-k, int8, PowerSGD) send other shapes (values and indices, factors), and ``bf16`` a
+  dtype Horovod cannot all-reduce (its bits by allgather), which Horovod's hook cannot do. :class:`CodecOptimizer`
+  reduces after the backward pass, in ``synchronize()``, through :class:`CodecReducer`: the core's reducer
+  (:mod:`hvdsync.core.comm.reducer`) runs the codec and counts, and each round becomes one grouped all-reduce and
+  one grouped allgather here (:class:`TorchCollectives`).
 """
 from __future__ import annotations
 

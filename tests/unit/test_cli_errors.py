@@ -64,8 +64,9 @@ CONFIG_CASES = [
     (["--hosts", "localhost:2", "--ssh-port", "-5"], "--ssh-port: -5 is not allowed; expected a TCP port from 1 to "
      "65535 (sshd's, default 22)"),
     (["--compression", "bf16", "--op", "adasum"], "sync.compression: 'bf16' is not allowed; with sync.op adasum "
-     "(Adasum combines whole gradients in Horovod's all-reduce, and 'bf16' does not travel by all-reduce) choose one "
-     "of: none, fp16; or keep 'bf16' with sync.op average or sum"),
+     "(Adasum combines whole gradients in Horovod's all-reduce, which only a cast codec hands it) choose one of: "
+     "none, fp16; or keep 'bf16' with sync.op average or sum (bf16 is not a cast codec: Horovod cannot all-reduce "
+     "bfloat16, so its values travel by allgather and each rank sums them)"),
 ]
 
 

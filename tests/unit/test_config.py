@@ -96,3 +96,37 @@ def test_user_scripts_read_config_file_and_overrides_and_pin_their_framework(tmp
     assert (cfg.train.framework, cfg.train.epochs, cfg.sync.compression) == ("tensorflow", 2, "fp16")
     with pytest.raises(ConfigError, match="sync.accumulate: 0 is not allowed"):
         from_command_line(["--set", "sync.accumulate=0"])
+
+
+def _refusal(sync: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        Config.from_dict({"sync": sync})
+    return str(caught.value)
+
+
+def _listed(message: str, before: str, after: str) -> list[str]:
+    """The codec names a message offers, between ``before`` and ``after``."""
+    return message.split(before, 1)[1].split(after, 1)[0].replace(" or ", ", ").split(", ")
+
+
+def test_bf16_with_adasum_is_refused_saying_it_is_no_cast_codec_and_every_codec_offered_is_accepted():
+    message = _refusal({"compression": "bf16", "op": "adasum"})
+    assert message.startswith("sync.compression: 'bf16' is not allowed; with sync.op adasum")
+    assert "bf16 is not a cast codec: Horovod cannot all-reduce bfloat16, so its values travel by allgather" in message
+    offered = _listed(message, "choose one of: ", ";")
+    assert offered == ["none", "fp16"]
+    # What the message offers is what the check takes (the docs call exactly these the cast codecs).
+    for name in offered:
+        assert Config.from_dict({"sync": {"compression": name, "op": "adasum"}}).sync.compression == name
+    # A shape-changing codec gets the same list, without the bf16 note.
+    other = _refusal({"compression": "topk:0.1", "op": "adasum"})
+    assert _listed(other, "choose one of: ", ";") == offered and "bf16 is not" not in other
+
+
+def test_bf16_with_sparse_allgather_is_refused_with_the_same_cast_codecs():
+    message = _refusal({"compression": "bf16", "sparse": "allgather"})
+    assert message.startswith("sync.sparse: 'allgather' is not allowed; with sync.compression 'bf16' choose dense")
+    offered = _listed(message, "a cast codec: compression ", " (")
+    assert offered == ["none", "fp16"] and "bf16 is not a cast codec" in message
+    for name in offered:
+        assert Config.from_dict({"sync": {"compression": name, "sparse": "allgather"}}).sync.sparse == "allgather"

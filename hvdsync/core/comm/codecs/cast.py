@@ -1,10 +1,12 @@
-"""Cast codecs: the gradient keeps its shape and changes dtype (``none``, ``fp16``, ``bf16``).
+"""The 16- and 32-bit codecs that keep a gradient's shape: the cast codecs (``none``, ``fp16``) and ``bf16``.
 
-``none`` and ``fp16`` go through Horovod's own ``compression=`` interface, so PyTorch keeps Horovod's asynchronous
-all-reduce from the backward hooks. Horovod 0.28.1 cannot all-reduce bfloat16 tensors (its PyTorch extension has no
-bfloat16 kernels: "Tensor type torch.BFloat16Tensor is not supported"), so ``bf16`` travels as the raw 16-bit
-patterns through an allgather (int16, 2 bytes per value, the same bytes as fp16) and every rank sums the ranks'
-bfloat16 values in float32: one rounding per rank instead of one per partial sum.
+A cast codec (:attr:`Codec.cast`) changes only the dtype and goes through Horovod's all-reduce, and its own
+``compression=`` interface, so PyTorch keeps Horovod's asynchronous all-reduce from the backward hooks; Adasum and
+sparse allgather take only these. ``bf16`` is not one, though it sends as many bytes as ``fp16``: Horovod 0.28.1
+cannot all-reduce bfloat16 tensors (its PyTorch extension has no bfloat16 kernels: "Tensor type torch.BFloat16Tensor
+is not supported"), so ``bf16`` travels as the raw 16-bit patterns through an allgather (int16, 2 bytes per value,
+the same bytes as fp16) and every rank sums the ranks' bfloat16 values in float32: one rounding per rank instead of
+one per partial sum.
 
 fp16 has 10 mantissa bits and a range up to 65,504; bf16 has 7 mantissa bits and float32's range (notebook 09
 plots both): bf16 rounds more coarsely but never overflows where float32 does not.
