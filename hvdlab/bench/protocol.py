@@ -201,6 +201,13 @@ def problems(record: dict) -> list[str]:
     return out
 
 
+def record_problems(record: dict) -> list[str]:
+    """:func:`problems` for a kept record (``benchmarks/results/models/``): a ``--quick`` run is none."""
+    quick = ["quick: a --quick run is not a record (its figures mean nothing)"] \
+        if isinstance(record, dict) and record.get("quick") is True else []
+    return quick + problems(record)
+
+
 def check(record: dict) -> None:
     """Raise :class:`RecordError` listing every field :func:`problems` finds wrong."""
     wrong = problems(record)

@@ -25,6 +25,8 @@ INDEX = "README.md"
 # dot would make "<name>.<ext>" ambiguous.
 NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-[a-z0-9]+(-[a-z0-9]+)*$")
 TAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+# Suites whose records' JSON has a form a check reads (module:function returning one line per bad field).
+FORMS = {"models": "hvdlab.bench.protocol:record_problems"}
 
 HEADER = """\
 # Benchmark records
@@ -84,10 +86,23 @@ def problems(results: Path, root: Path) -> list[str]:
                 out.append(f"{where}: no file")
             if not rec.get("command") or not rec.get("shows"):
                 out.append(f"{where}: needs 'command' and 'shows'")
+            out += [f"{where}: {p}" for p in _form(suite, Path(results) / suite, name)]
             scripts = re.findall(r"benchmarks/[\w./-]+\.(?:py|sh)", rec.get("command", ""))
             if not scripts or not all((Path(root) / s).is_file() for s in scripts):
                 out.append(f"{where}: the command names no existing script of benchmarks/: {rec.get('command')!r}")
     return out
+
+
+def _form(suite: str, folder: Path, name: str) -> list[str]:
+    """What :data:`FORMS`' check finds wrong in each of the record's ``.json`` files (none for other suites)."""
+    if suite not in FORMS:
+        return []
+    import importlib
+
+    module, _, fn = FORMS[suite].partition(":")
+    check = getattr(importlib.import_module(module), fn)
+    return [f"{p.name}: {line}" for p in files(folder, name) if p.suffix == ".json"
+            for line in check(json.loads(p.read_text()))]
 
 
 def _cell(text: str) -> str:

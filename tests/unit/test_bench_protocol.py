@@ -216,3 +216,26 @@ def test_gpu_references_put_resnet50_near_a_quarter_at_1gbit():
     assert 0.2 < v100 < 0.3
     # BERT-base: large's published step over their FLOPs ratio (~3.5).
     assert 3.3 < sizing.bert_flops_per_token(24, 1024, 4096, 128) / sizing.bert_flops_per_token(12, 768, 3072, 128) < 3.8
+
+
+# ---- the index's check reads the form ---------------------------------------------------------------------------
+def test_the_index_check_names_a_bad_field_of_a_models_record(tmp_path):
+    import json
+
+    from hvdlab.bench import records
+
+    root = tmp_path / "repo"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "benchmarks" / "models.py").write_text("")
+    results = root / "benchmarks" / "results"
+    (results / "models").mkdir(parents=True)
+    bad = copy.deepcopy(GOOD)
+    del bad["rows"][0]["ci"]
+    (results / "models" / "2026-12-08-trial.json").write_text(json.dumps(bad))
+    records.add(results, "models", "2026-12-08-trial", "python benchmarks/models.py", "a trial",
+                runner="benchmarks/models.py", about="models")
+    assert records.problems(results, root) == ["models/2026-12-08-trial: 2026-12-08-trial.json: rows[0].ci: missing"]
+    (results / "models" / "2026-12-08-trial.json").write_text(json.dumps({**GOOD, "quick": True}))
+    assert [p.split(": ")[2] for p in records.problems(results, root)] == ["quick"]
+    (results / "models" / "2026-12-08-trial.json").write_text(json.dumps(GOOD))
+    assert records.problems(results, root) == []
