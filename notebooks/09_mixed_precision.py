@@ -173,9 +173,11 @@ assert fp16["wire"]["bytes"] == fp32["wire"]["bytes"], "fp16 compute alone still
 #   non-finite gradients, as a real fp16 overflow in backward does. With **the naive recipe** (Horovod +
 #   `GradScaler` as in single-process code: synchronize, `scaler.step`, `scaler.update`, each rank deciding alone)
 #   the all-reduce carries the inf to rank 1, both ranks skip and halve their scale, and the models stay equal;
-# * **after the all-reduce**: rank 0's reduced gradient is made non-finite (`inject_overflow`, a test hook
-#   standing in for a non-finite value that reaches one rank only). **hvdsync** (`MixedPrecision.step`): both ranks
-#   skip step 3 and halve the scale. **The naive recipe**: rank 0 skips, rank 1 steps — and the models part ways.
+# * **after the all-reduce**: rank 0's reduced gradient is made non-finite, standing in for a non-finite value that
+#   reaches one rank only. The lab does it from outside (`hvdlab.torch.overflow.after_reduce` wraps this one
+#   optimizer's `synchronize`, the call that waits for the all-reduce; hvdsync has no switch for it), the same way
+#   for both recipes. **hvdsync** (`MixedPrecision.step`): both ranks skip step 3 and halve the scale. **The naive
+#   recipe**: rank 0 skips, rank 1 steps — and the models part ways.
 
 # %%
 def overflow_demo(steps=8, at=3):
@@ -183,6 +185,7 @@ def overflow_demo(steps=8, at=3):
     import torch
 
     import hvdsync.torch as ht
+    from hvdlab.torch.overflow import after_reduce
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.telemetry import monitor
@@ -196,6 +199,7 @@ def overflow_demo(steps=8, at=3):
         data = datasets.load(cfg.data, cfg.train.seed)
         backend = ht.build(cfg, data)
         mp, opt = backend.precision, backend.optimizer
+        overflow = after_reduce(backend)  # armed below on rank 0 only: its reduced gradient turns inf
         plan = ShardPlan(len(data.x_train), hvd.size(), cfg.data.batch_size, 1, cfg.train.seed)
         rows = []
         for i, step in enumerate(plan.epoch(0, hvd.rank())[:steps]):
@@ -203,9 +207,9 @@ def overflow_demo(steps=8, at=3):
             # 1/global-count: makes the summed losses a global mean (notebook 06); not the fp16 loss scale.
             mean_factor = loss_scale(step.global_count, hvd.size(), "average")
             overflow_here = i == at and hvd.rank() == 0
+            if overflow_here and recipe != "naive, inf before":
+                overflow.arm()
             if recipe == "hvdsync":
-                if overflow_here:
-                    mp.inject_overflow()
                 backend.train_step(micro, mean_factor)
             else:
                 opt.zero_grad()
@@ -216,9 +220,7 @@ def overflow_demo(steps=8, at=3):
                     if overflow_here and recipe == "naive, inf before" and j == len(micro) - 1:
                         loss = loss * float("inf")    # rank 0's backward overflows, before any exchange
                     mp.backward(loss * mean_factor)
-                opt.synchronize()
-                if overflow_here and recipe == "naive":
-                    next(backend.model.parameters()).grad.view(-1)[0] = float("inf")
+                opt.synchronize()                    # (armed: rank 0's reduced gradient is inf after it)
                 mp.scaler.unscale_(opt)
                 with opt.skip_synchronize():
                     mp.scaler.step(opt)          # each rank decides from its own gradients

@@ -27,13 +27,11 @@ class RankConsistentLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def __init__(self, inner_optimizer, **kwargs) -> None:
         super().__init__(inner_optimizer, **kwargs)
-        # Plain tf.Variables (not optimizer variables): not broadcast, not saved; read inside the traced update.
+        # A plain tf.Variable (not an optimizer variable): not broadcast, not saved; counted inside the traced update.
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdsync_skipped_steps")
-        self.overflow_next = tf.Variable(False, trainable=False, name="hvdsync_inject_overflow")
 
     def check_finite(self, grads):
-        local = tf.logical_and(super().check_finite(grads), tf.logical_not(self.overflow_next))
-        self.overflow_next.assign(False)
+        local = super().check_finite(grads)
         bad = hvd.allreduce(tf.reshape(tf.cast(tf.logical_not(local), tf.float32), [1]), op=hvd.Max,
                             name="hvdsync.precision.overflow")
         finite = tf.equal(bad[0], 0.0)
@@ -81,8 +79,3 @@ class MixedPrecision:
     @property
     def skipped_steps(self) -> int:
         return int(self.optimizer.skipped.numpy()) if self.optimizer is not None else 0
-
-    def inject_overflow(self) -> None:
-        """Test-only: make this rank's gradients count as non-finite at the next update."""
-        if self.optimizer is not None:
-            self.optimizer.overflow_next.assign(True)

@@ -47,7 +47,6 @@ class MixedPrecision:
         self.device_type = torch.device(device).type
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.policy.loss_scaling)
         self.skipped_steps = 0
-        self._overflow_next = False
 
     def autocast(self):
         """The forward pass (and loss) in the compute dtype; a no-op for fp32."""
@@ -64,10 +63,6 @@ class MixedPrecision:
         """The current loss scale (1.0 without loss scaling)."""
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
 
-    def inject_overflow(self) -> None:
-        """Test-only: make this rank's gradients non-finite at the next :meth:`step` (as an fp16 overflow would)."""
-        self._overflow_next = True
-
     def attach(self, optimizer) -> None:
         """Hand a :class:`~hvdsync.torch.compression.CodecOptimizer` the loss scale, so that its codec skips
         overflowed steps and keeps its error-feedback residuals in the units of the real gradient."""
@@ -82,9 +77,6 @@ class MixedPrecision:
                 optimizer.step()
             return True
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if self._overflow_next and grads:
-            grads[0].view(-1)[0] = float("inf")
-            self._overflow_next = False
         local = not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else False
         overflow = hvd.allreduce(torch.tensor([float(local)]), op=hvd.Max, name="hvdsync.precision.overflow")
         overflow = bool(overflow.item() > 0)

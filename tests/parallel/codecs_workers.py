@@ -9,8 +9,9 @@ import numpy as np
 
 
 def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: int = 6, overflow_at: int = 3) -> dict:
-    """fp16 with a dynamic loss scale: at step ``overflow_at`` only rank 0's gradients are made non-finite
-    (:meth:`MixedPrecision.inject_overflow`). Returns, per compression, every step's loss scale before and after, the
+    """fp16 with a dynamic loss scale: at step ``overflow_at`` only rank 0's reduced gradients are made non-finite,
+    from outside (:func:`hvdlab.torch.overflow.after_reduce` / :func:`hvdlab.tensorflow.overflow.after_reduce` wrap
+    the backend's public optimizer; hvdsync has no switch for it). Returns, per compression, every step's loss scale before and after, the
     steps it skipped (0 or 1), the largest parameter change and the spread of parameter fingerprints across ranks."""
     from hvdsync.config import Config
     from hvdsync import datasets
@@ -19,6 +20,7 @@ def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: i
     from hvdsync.core.train.sharding import ShardPlan
 
     adapter = importlib.import_module(f"hvdsync.{framework}")
+    lab = importlib.import_module(f"hvdlab.{framework}.overflow")
     out = {}
     for spec in compressions:
         cfg = Config.from_dict({"sync": {"compression": spec}, "train": {"framework": framework, "precision": "fp16"},
@@ -26,13 +28,14 @@ def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: i
         adapter.init(cfg)
         data = datasets.load(cfg.data, cfg.train.seed)
         backend = adapter.build(cfg, data)
+        overflow = lab.after_reduce(backend)  # on every rank alike; armed on rank 0 only
         plan = ShardPlan(len(data.x_train), backend.size, cfg.data.batch_size, 1, cfg.train.seed)
         rows = []
         for i, step in enumerate(plan.epoch(0, backend.rank)[:steps]):
             before = [p.copy() for p in backend.parameters()]
             scale_before = backend.precision.scale
             if i == overflow_at and backend.rank == 0:
-                backend.precision.inject_overflow()
+                overflow.arm()
             skipped_before = backend.precision.skipped_steps
             backend.train_step([(data.x_train[m], data.y_train[m]) for m in step.micro],
                                loss_scale(step.global_count, backend.size, "average"))
@@ -40,6 +43,7 @@ def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: i
             rows.append({"scale_before": scale_before, "scale_after": backend.precision.scale,
                          "skipped_steps": backend.precision.skipped_steps - skipped_before,
                          "change": float(max(np.abs(a - b).max() for a, b in zip(after, before))),
+                         "injected": overflow.fired,
                          "spread": monitor.spread(backend.allgather(monitor.fingerprint(after)))})
         out[spec] = rows
     return out

@@ -113,6 +113,9 @@ def test_accumulation_runs_the_codec_once_per_allreduce_on_the_summed_gradients(
 def test_a_forced_overflow_on_one_rank_skips_the_step_on_both_and_lowers_the_scale(checks, spec):
     rows = checks["overflow"][spec]
     at = 3
+    # The lab's injection fired once, on rank 0, at that step (from outside: hvdsync has no switch for it) ...
+    assert [r["injected"] for r in rows] == [int(i >= at) for i in range(len(rows))], spec
+    assert [r["injected"] for r in checks["rank1"]["overflow"][spec]] == [0] * len(rows), spec
     assert [r["spread"] for r in rows] == [0.0] * len(rows), spec    # identical parameters after every step
     assert [r["skipped_steps"] for r in rows] == [int(i == at) for i in range(len(rows))], spec
     assert rows[at]["change"] == 0.0                                # the step was skipped ...

@@ -237,6 +237,30 @@ def test_the_switch_scan_sees_a_fault_variable_and_argument(tmp_path):
     assert list(_env_reads(bad)) == ["HVDSYNC_FAULTS"] and "faults" in list(_parameters(bad))
 
 
+def _test_only(path: pathlib.Path) -> list[str]:
+    """Functions and methods that exist for tests: named ``inject_*`` or saying "test-only" in their docstring."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = (ast.get_docstring(node) or "").lower()
+            if node.name.startswith("inject") or "test-only" in doc or "test only" in doc:
+                found.append(f"{path.name}:{node.lineno}: {node.name}")
+    return found
+
+
+def test_the_product_has_no_test_only_hook():
+    # Overflow injection is the lab's too (hvdlab.torch.overflow, hvdlab.tensorflow.overflow wrap the public
+    # optimizer from outside): nothing in hvdsync exists only for tests, nor lands in a traced step's graph for them.
+    assert [f for p in sorted((ROOT / "hvdsync").rglob("*.py")) for f in _test_only(p)] == []
+
+
+def test_the_test_only_scan_sees_a_hook_by_name_and_by_docstring(tmp_path):
+    bad = tmp_path / "precision.py"
+    bad.write_text('class M:\n    def inject_overflow(self):\n        pass\n\n'
+                   'def arm():\n    """Test-only: make the next step overflow."""\n')
+    assert sorted(_test_only(bad)) == ["precision.py:2: inject_overflow", "precision.py:5: arm"]
+
+
 def _private_imports(path: pathlib.Path, package: str, root: pathlib.Path = ROOT):
     """``module.name`` for every private name (``_x``) imported from another module of ``package``."""
     own = ".".join(path.relative_to(root).with_suffix("").parts)
