@@ -19,20 +19,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry.tracking import FINAL_METRICS, resolve_uri
+from hvdsync.launch import runs_compare
 from hvdsync.launch.options import train_options
-from hvdsync.launch.runs_checks import spool_target, stop_group, store_error, check_port, check_store
+from hvdsync.launch.runs_checks import (spool_target, stop_group, store_error, check_port, check_store,
+                                        wait_until_up)
 
-# The final figures ``list`` and ``compare`` show (higher is better for all but the times and the loss).
-SHOWN_METRICS = ("final_test_accuracy", "train_loss", "samples_per_second", "total_seconds", "wire_bytes")
-# Params that name or place a run rather than configure its training: never listed as a difference.
-NOT_SETTINGS = ("tracking.run_name", "tracking.parent_run_id", "tracking.spool_dir")
-# The curves ``compare`` plots: (metric, title), the per-step one when the run has it.
-CURVES = (("step/loss", "train_loss", "loss"), ("test_accuracy", "test_accuracy", "test accuracy"),
-          ("step/samples_per_second", "samples_per_second", "samples/s"))
+# The final figures ``runs list`` shows (the first three) and ``--json`` callers read.
+SHOWN_METRICS = ("final_test_accuracy", "train_loss", "Key/samples_per_second", "total_seconds", "wire_bytes")
 
 
 def _client(uri: str, must_exist: bool = False):
@@ -78,65 +76,20 @@ def _cmd_list(ns) -> int:
     # A job killed whole (launcher included) left its run RUNNING: end it as KILLED before showing it.
     end_abandoned(uri=resolve_uri(ns.tracking_uri))
     runs = list_runs(ns.tracking_uri, ns.experiment, ns.limit)
-    rows = [["run id", "name", "status", "framework", "np", "compression", "accumulate", *SHOWN_METRICS[:2]]]
+    rows = [["run id", "name", "status", "framework", "np", "compression", "accumulate", *SHOWN_METRICS[:2], "samples/s"]]
     for r in runs:
         p, m = r.data.params, r.data.metrics
         rows.append([r.info.run_id, r.info.run_name, r.info.status, r.data.tags.get("framework", "-"),
                      p.get("world_size", "-"), p.get("sync.compression", "-"), p.get("sync.accumulate", "-"),
-                     *(_fmt(m.get(k)) for k in SHOWN_METRICS[:2])])
+                     *(_fmt(m.get(k)) for k in SHOWN_METRICS[:3])])
     print(_table(rows) if runs else "no runs")
     return 0
 
 
-# ---- compare ----------------------------------------------------------------------------------------------------
+# ---- compare (hvdsync.launch.runs_compare) -----------------------------------------------------------------------
 def compare(run_ids: list[str], uri: str = "", baseline: str | None = None, out: str | Path | None = None) -> dict:
-    """The params that differ between ``run_ids``, their final metrics with ratios to ``baseline`` (default: the
-    first run), and a PNG of their curves at ``out`` (loss, accuracy, samples/s, one line per run).
-
-    Returns ``{"differing": {param: [value per run]}, "metrics": {run_id: {metric: value}},
-    "ratios": {run_id: {metric: ratio}}, "png": path}``.
-    """
-    client = _client(uri, must_exist=True)
-    runs = [client.get_run(r) for r in run_ids]
-    baseline = baseline or run_ids[0]
-    if baseline not in run_ids:
-        raise ConfigError(f"--baseline: {baseline!r} is not one of the compared runs")
-    keys = sorted(set().union(*(r.data.params for r in runs)))
-    differing = {k: [r.data.params.get(k) for r in runs] for k in keys
-                 if k not in NOT_SETTINGS and len({r.data.params.get(k) for r in runs}) > 1}
-    metrics = {r.info.run_id: {k: r.data.metrics.get(k) for k in SHOWN_METRICS} for r in runs}
-    base = metrics[baseline]
-    ratios = {rid: {k: (v / base[k] if v is not None and base.get(k) else None) for k, v in m.items()}
-              for rid, m in metrics.items()}
-    report = {"differing": differing, "metrics": metrics, "ratios": ratios, "baseline": baseline, "png": None}
-    if out:
-        report["png"] = str(_plot_curves(client, runs, differing, Path(out)))
-    return report
-
-
-def _label(run, differing: dict) -> str:
-    return ", ".join(f"{k}={run.data.params.get(k)}" for k in differing) or run.info.run_id[:8]
-
-
-def _plot_curves(client, runs, differing: dict, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.5))
-    for ax, (step_key, epoch_key, title) in zip(axes, CURVES):
-        for run in runs:
-            key = step_key if step_key in run.data.metrics else epoch_key
-            history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-            ax.plot([m.step for m in history], [m.value for m in history], marker=".", label=_label(run, differing))
-        ax.set(title=title, xlabel="step" if step_key.startswith("step/") else "step or epoch")
-    axes[0].legend(fontsize="small")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    """:func:`hvdsync.launch.runs_compare.compare` on the store ``uri``."""
+    return runs_compare.compare(_client(uri, must_exist=True), run_ids, baseline, out)
 
 
 def _cmd_compare(ns) -> int:
@@ -158,11 +111,11 @@ def _cmd_compare(ns) -> int:
     print("params that differ:" if report["differing"] else "params: all equal")
     if report["differing"]:
         print(_table([["param", *(r[:8] for r in run_ids)], *([k, *map(str, v)] for k, v in report["differing"].items())]))
-    print(f"\nfinal metrics (ratio to {report['baseline'][:8]}):")
-    rows = [["metric", *(r[:8] for r in run_ids)]]
-    for k in SHOWN_METRICS:
-        rows.append([k, *(f"{_fmt(report['metrics'][r][k])} ({_fmt(report['ratios'][r][k])})" for r in run_ids)])
-    print(_table(rows))
+    print(f"\nwhole-run figures after warm-up (ratio to {report['baseline'][:8]}):")
+    print(_table(runs_compare.table_rows(report, run_ids)))
+    if report["fastest"]:
+        print(f"\nfastest: {report['fastest'][:8]} (samples/s over the epochs after warm-up; *_seconds: per step, "
+              "means over the ranks; comm_share: sync_wait of all phases)")
     if report["png"]:
         print(f"\ncurves: {report['png']}")
     return 0
@@ -221,12 +174,35 @@ def _cmd_ui(ns) -> int:
     # The server in a process group of its own: a stop (Ctrl-C, SIGTERM) reaches all of it, its workers included,
     # and the command waits until they are gone.
     server = subprocess.Popen(cmd, start_new_session=True)
-    print(f"MLflow UI on http://127.0.0.1:{ns.port} (Ctrl-C stops it)", flush=True)
     try:
+        if not wait_until_up(server, ns.port):
+            code = server.wait()
+            print(f"hvdsync: the MLflow server stopped before it answered on 127.0.0.1:{ns.port} (exit code {code}); "
+                  "its own lines above say why", file=sys.stderr)
+            return code or 1
+        print(f"MLflow UI on {runs_url(ns.tracking_uri, ns.port, ns.experiment)} (Ctrl-C stops it)", flush=True)
         return server.wait()
     except KeyboardInterrupt:
         stop_group(server)
         raise
+
+
+def runs_url(uri: str, port: int, experiment: str | None = None) -> str:
+    """The UI's page of the runs of ``experiment`` (default: the experiment of the newest run), as a model-training
+    experiment (``workflowType=machine_learning``: MLflow 3's UI otherwise opens on its GenAI overview)."""
+    root = f"http://127.0.0.1:{port}"
+    try:
+        client = _client(uri)
+        if experiment:
+            exp = client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp else None
+        else:
+            newest = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                        order_by=["attributes.start_time DESC"], max_results=1)
+            exp_id = newest[0].info.experiment_id if newest else None
+    except Exception:  # noqa: BLE001 - the server serves the store all the same: its root page then
+        exp_id = None
+    return f"{root}/#/experiments/{exp_id}?workflowType=machine_learning" if exp_id else root
 
 
 # ---- reproduce --------------------------------------------------------------------------------------------------
@@ -286,8 +262,9 @@ def sweep(base: Config, sweeps: list[str], quiet: bool = True) -> dict:
     """Run the grid of ``sweeps`` over ``base`` as child runs of one parent MLflow run.
 
     Every config is built (and validated) before anything starts. Configs that share the framework, the number of
-    workers and Horovod's knobs run in one worker job. Returns ``{"parent": id, "children": [(overrides,
-    FitResult dict)]}``."""
+    workers and Horovod's knobs run in one worker job. Each child is named for its axes first; the parent holds the
+    axes as params and, at the end, each child's key metrics and the best child. Returns ``{"parent": id,
+    "children": [(overrides, FitResult dict)], "best": {"run_id", "overrides", "test_accuracy"} or {}}``."""
     combos = grid(sweeps)
     base_raw = base.to_dict()
     configs = []
@@ -298,7 +275,7 @@ def sweep(base: Config, sweeps: list[str], quiet: bool = True) -> dict:
         for item in combo:
             apply_override(raw, item)
         configs.append(Config.from_dict(raw))
-    parent = _parent_run(base, combos) if base.tracking.enabled else None
+    parent = _parent_run(base, sweeps, combos) if base.tracking.enabled else None
     groups: dict[tuple, list[int]] = {}
     for i, cfg in enumerate(configs):
         key = (cfg.train.framework, cfg.train.np, tuple(sorted(cfg.sync.horovod_env().items())))
@@ -313,37 +290,87 @@ def sweep(base: Config, sweeps: list[str], quiet: bool = True) -> dict:
             with contextlib.suppress(Exception):
                 _client(base.tracking.tracking_uri).set_terminated(parent, status=status_for(exc))
         raise
+    best = {}
     if parent:
-        _client(base.tracking.tracking_uri).set_terminated(parent)
-    return {"parent": parent, "children": list(zip(combos, results))}
+        client = _client(base.tracking.tracking_uri)
+        try:
+            best = _summarise(client, parent, combos, results)
+        except Exception as exc:  # noqa: BLE001 - the children are recorded; only the parent's summary is missing
+            print(f"hvdsync: the sweep's parent run got no summary ({exc})", file=sys.stderr)
+        client.set_terminated(parent)
+    return {"parent": parent, "children": list(zip(combos, results)), "best": best}
 
 
 def _run_groups(configs, combos, groups, parent, results, quiet) -> None:
     """Each group of configs that can share workers, in one worker job; results filled in by index."""
     from hvdsync import launch
+    from hvdsync.core.telemetry import runlabel
     from hvdsync.launch import worker
 
+    # The sweep's key: every child is tagged with it as its job (hvdsync.core.telemetry.tracking).
+    env = {runlabel.SWEEP_ENV: parent} if parent else {}
     for idx in groups.values():
-        dicts = [configs[i].replace(tracking={"parent_run_id": parent or "",
-                                              "run_name": ",".join(combos[i])}).to_dict() for i in idx]
+        dicts = [configs[i].replace(tracking={"parent_run_id": parent or "", "run_name": configs[i].tracking.run_name
+                                              or runlabel.run_name(runlabel.facts(configs[i].flat()), combos[i])}
+                                    ).to_dict() for i in idx]
         launch.preflight(configs[idx[0]])
         ranks = launch.run(worker.fit_many, args=(dicts,), np=configs[idx[0]].train.np, sync=configs[idx[0]].sync,
-                           quiet=quiet)
+                           quiet=quiet, env=env)
         for i, res in zip(idx, ranks[0]):
             results[i] = res
 
 
-def _parent_run(base: Config, combos: list[list[str]]) -> str | None:
+def _parent_run(base: Config, sweeps: list[str], combos: list[list[str]]) -> str | None:
+    """The sweep's parent run: its axes as params (``sweep.<field>``: the values swept), the base config's facts as
+    tags and the grid as the ``hvdsync.sweep`` tag."""
+    from hvdsync.core.telemetry import runlabel
+    from hvdsync.core.telemetry.spool import experiment_id
+
     try:
         client = _client(base.tracking.tracking_uri)
-        exp = client.get_experiment_by_name(base.tracking.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(base.tracking.experiment)
-        run = client.create_run(exp_id, run_name=base.tracking.run_name or "sweep",
-                                tags={"hvdsync.sweep": json.dumps(combos)})
+        exp_id = experiment_id(client, base.tracking.experiment)
+        axes = {f"sweep.{k.strip()}": v.strip() for k, v in (item.split("=", 1) for item in sweeps)}
+        # The facts the children share: a swept one differs between them and is the axis, not a tag of the parent.
+        facts = {tag: value for tag, value in runlabel.facts(base.flat()).items()
+                 if not any(f"sweep.{name}" in axes for name in runlabel.FACTS[tag])}
+        name = base.tracking.run_name or "sweep " + " x ".join(k.split(".")[-1] for k in axes)
+        run = client.create_run(exp_id, run_name=name, tags={**facts, "hvdsync.launcher": "sweep",
+                                                             "hvdsync.sweep": json.dumps(combos)})
+        from mlflow.entities import Param
+
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in axes.items()])
         return run.info.run_id
     except Exception as exc:  # noqa: BLE001 - a sweep still trains without its parent run
         print(f"hvdsync: no parent run for the sweep ({exc}); the runs are recorded on their own", file=sys.stderr)
         return None
+
+
+def _summarise(client, parent: str, combos: list[list[str]], results: list[dict | None]) -> dict:
+    """The parent's summary: each child's key metric (``child.<n>.test_accuracy``, ``child.<n>.samples_per_second``
+    after warm-up, as metrics) and the best child by test accuracy (tags ``hvdsync.best_run`` / ``.best``)."""
+    from mlflow.entities import Metric
+
+    now, metrics, best = int(time.time() * 1000), [], None
+    for n, (combo, res) in enumerate(zip(combos, results)):
+        if not res or not res.get("run_id"):
+            continue
+        figures = runs_compare.figures(client, client.get_run(res["run_id"]))
+        for key in ("test_accuracy", "samples_per_second"):
+            if figures.get(key) is not None:
+                metrics.append(Metric(f"child.{n}.{key}", float(figures[key]), now, 0))
+        acc = figures.get("test_accuracy")
+        if acc is not None and (best is None or acc > best[0]):
+            best = (acc, res["run_id"], combo, figures.get("samples_per_second"))
+    if metrics:
+        client.log_batch(parent, metrics=metrics)
+    if best is None:
+        return {}
+    client.log_batch(parent, metrics=[Metric("Key/best_test_accuracy", best[0], now, 0)] + (
+        [Metric("Key/best_samples_per_second", best[3], now, 0)] if best[3] is not None else []))
+    from mlflow.entities import RunTag
+
+    client.log_batch(parent, tags=[RunTag("hvdsync.best_run", best[1]), RunTag("hvdsync.best", " ".join(best[2]))])
+    return {"run_id": best[1], "overrides": best[2], "test_accuracy": best[0]}
 
 
 def _cmd_sweep(ns, base: Config) -> int:
@@ -353,6 +380,9 @@ def _cmd_sweep(ns, base: Config) -> int:
         rows.append([" ".join(combo), f"{res['test_accuracy']:.4f}", f"{res['samples_per_second']:.0f}",
                      res.get("run_id") or "-"])
     print(_table(rows))
+    if out.get("best"):
+        print(f"best: {' '.join(out['best']['overrides'])} (test accuracy {out['best']['test_accuracy']:.4f}, run "
+              f"{out['best']['run_id']})")
     if out["parent"]:
         print(f"parent run {out['parent']}: `hvdsync runs compare RUN_ID RUN_ID ...` or MLflow's compare view")
     return 0
@@ -388,6 +418,7 @@ def add_parsers(sub) -> None:
     p = common(rsub.add_parser("ui", help="MLflow's UI on 127.0.0.1 for the store"))
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--artifacts-destination", help="where the server keeps artifacts it receives")
+    p.add_argument("--experiment", help="the experiment whose runs the printed link opens (default: the newest run's)")
     p.set_defaults(handler=_cmd_ui)
     p = common(rsub.add_parser("reproduce", help="rerun a run from its record and compare final metrics"))
     p.add_argument("run_id")

@@ -96,13 +96,15 @@ class JobRun:
             self._note.unlink(missing_ok=True)
 
 
-def begin(tracking, tags: dict[str, Any], continue_run: str | None = None) -> JobRun | None:
+def begin(tracking, tags: dict[str, Any], continue_run: str | None = None,
+          params: dict[str, Any] | None = None) -> JobRun | None:
     """Create the job's run (or reopen ``continue_run``: a resumed job) before any worker starts.
 
     Args:
         tracking: the config's :class:`~hvdsync.config.TrackingConfig` (None or disabled: no run, returns None).
         tags: the run's first tags (framework, launcher, elastic).
         continue_run: the run a resumed job goes on with (from its checkpoint); reopened as ``RUNNING``.
+        params: the job's config, flat: what names and tags the run (:mod:`hvdsync.core.telemetry.runlabel`).
     """
     if tracking is None or not tracking.enabled:
         return None
@@ -121,7 +123,7 @@ def begin(tracking, tags: dict[str, Any], continue_run: str | None = None) -> Jo
         end_abandoned(spool_dir, client=client, uri=uri)
         run_id = _reopen(client, continue_run) if continue_run else None
         if run_id is None:
-            run_id = _create(client, tracking, {**tags, "hvdsync.job": key})
+            run_id = _create(client, tracking, {**tags, "hvdsync.job": key}, params)
     except StoreError as exc:
         _say(f"warning: {exc}")
         return JobRun(uri, key, None, None)
@@ -132,18 +134,18 @@ def begin(tracking, tags: dict[str, Any], continue_run: str | None = None) -> Jo
     return JobRun(uri, key, run_id, _write_note(spool_dir, key, run_id, uri))
 
 
-def _create(client, tracking, tags: dict[str, Any]) -> str:
-    exp = client.get_experiment_by_name(tracking.experiment)
-    if exp is not None:
-        exp_id = exp.experiment_id
-    else:
-        try:
-            exp_id = client.create_experiment(tracking.experiment)
-        except Exception:  # created by another job meanwhile
-            exp_id = client.get_experiment_by_name(tracking.experiment).experiment_id
+def _create(client, tracking, tags: dict[str, Any], params: dict[str, Any] | None) -> str:
+    from hvdsync.core.telemetry import runlabel
+    from hvdsync.core.telemetry.spool import experiment_id
+
+    exp_id = experiment_id(client, tracking.experiment)
     if tracking.parent_run_id:
         tags = {**tags, "mlflow.parentRunId": tracking.parent_run_id}
-    run = client.create_run(exp_id, run_name=tracking.run_name or None, tags={k: str(v) for k, v in tags.items()})
+    facts = runlabel.facts(params or {})
+    tags = {**facts, **tags}
+    # Named for what runs (rank 0 adds the hosts once it knows them), unless the config names it.
+    name = tracking.run_name or (runlabel.run_name(facts) if facts else None)
+    run = client.create_run(exp_id, run_name=name, tags={k: str(v) for k, v in tags.items()})
     return run.info.run_id
 
 

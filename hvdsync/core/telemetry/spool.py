@@ -239,8 +239,7 @@ def replay(client, spool: Spool, record: dict) -> dict:
             if tags:
                 client.log_batch(record["run_id"], tags=[RunTag(k, str(v)) for k, v in tags.items()])
             return {"run_id": record["run_id"]}
-        exp = client.get_experiment_by_name(record["experiment"])
-        exp_id = exp.experiment_id if exp else _create_experiment(client, record["experiment"])
+        exp_id = experiment_id(client, record["experiment"])
         tags = record.get("tags") or {}
         # Created before, its answer lost (see MLflowTracker.start)? Or, for a job whose launcher could not create
         # its run, by another rank 0 of the same job (the job's key): one run either way.
@@ -277,15 +276,23 @@ def replay(client, spool: Spool, record: dict) -> dict:
     return {}
 
 
-def _create_experiment(client, name: str) -> str:
-    """Create ``name``, or find it when another process (or a lost answer) created it first."""
-    try:
-        return client.create_experiment(name)
-    except Exception:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+def experiment_id(client, name: str) -> str:
+    """The id of experiment ``name``, created when missing (or found when another process, or a lost answer, created
+    it first) as a model-training experiment: MLflow's UI then opens it on its runs, not on the GenAI overview. An
+    experiment without a kind gets it; a kind someone chose stays."""
+    from hvdsync.core.telemetry.runlabel import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def _log_metrics(client, run_id: str, metrics: list) -> None:

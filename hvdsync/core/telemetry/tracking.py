@@ -28,7 +28,8 @@ from typing import Any
 from hvdsync.core.telemetry.jobrun import JOB_ENV, RUN_ID_ENV
 from hvdsync.core.telemetry.monitor import warn_line
 from hvdsync.core.telemetry.record import mask_url_passwords
-from hvdsync.core.telemetry import sender
+from hvdsync.core.telemetry.runsummary import SummaryKeeper
+from hvdsync.core.telemetry import runlabel, sender
 from hvdsync.core.telemetry.spool import Spool, default_spool_dir
 # Defined with the store (the launcher's side uses them too); this module's names for them stay.
 from hvdsync.core.telemetry.store import HTTP_ENV, resolve_uri  # noqa: F401 - re-exported
@@ -93,6 +94,8 @@ class MLflowTracker(Tracker):
         self._run_id: str | None = None
         self._continuing = False  # writing into a run another process created: params it has stay as they are
         self.pushed_from_earlier = 0
+        self._summary = SummaryKeeper()  # the run's headline figures, logged once at the end
+        self._facts: dict[str, str] = {}  # the run's facts as tags (hvdsync.core.telemetry.runlabel)
 
     # ---- the training process's side: write to the spool, never wait -----------------------------------------
     def _write(self, op: str, **fields: Any) -> None:
@@ -128,6 +131,7 @@ class MLflowTracker(Tracker):
         self.spool.hold_lock()
         self.spool_path = self.spool.path
         tags = {**(tags or {}), **({"mlflow.parentRunId": self._parent} if self._parent else {})}
+        tags.update({**runlabel.source_tags(), **self._name_and_facts(params)})
         # The spool's name as a tag makes creating the run idempotent: a create_run whose answer was lost (timed
         # out, server died) is found again instead of creating a second run.
         tags["hvdsync.spool"] = self.spool.path.stem
@@ -135,9 +139,12 @@ class MLflowTracker(Tracker):
             tags["hvdsync.job"] = job
         self._continuing = bool(run_id or job)
         self._run_id = run_id  # known now, not once the store answers: an elastic commit records it at once
-        self._write("start", uri=self._uri, experiment=self._experiment, run_name=self._run_name, tags=tags,
+        self._write("start", uri=self._uri, experiment=self._experiment,
+                    run_name=self._run_name or tags.get("mlflow.runName", ""), tags=tags,
                     time=_now_ms(), **({"run_id": run_id} if run_id else {}))
-        self.log_params(params)
+        self.log_params(runlabel.applicable(params))
+        if self._parent and os.environ.get(runlabel.SWEEP_ENV):  # a sweep's child: its job and launcher
+            self.set_tags({"hvdsync.job": os.environ[runlabel.SWEEP_ENV], "hvdsync.launcher": "sweep"})
         try:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                 [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -151,12 +158,20 @@ class MLflowTracker(Tracker):
             self._warn(f"the MLflow sender did not start ({exc}); the run is kept in {self.spool.path}: "
                        f"`hvdsync runs push {self.spool.path}` sends it")
 
+    def _name_and_facts(self, params: dict[str, Any]) -> dict[str, str]:
+        """The facts tags of ``params`` and, unless the config names the run, the name that says them."""
+        self._facts.update(runlabel.facts(params))
+        return {**self._facts, **({} if self._run_name else {"mlflow.runName": runlabel.run_name(self._facts)})}
+
     def log_params(self, params: dict[str, Any]) -> None:
+        if "hosts.count" in params and self.spool is not None:  # placement is known once every rank named its host
+            self.set_tags(self._name_and_facts(params))
         self._write("params", params={k: mask_url_passwords(str(v)) for k, v in params.items()},
                     **({"only_new": True} if self._continuing else {}))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         now = _now_ms()
+        self._summary.add(metrics)
         self._write("metrics", metrics=[[k, float(v), now, int(step or 0)] for k, v in metrics.items()])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
@@ -176,6 +191,10 @@ class MLflowTracker(Tracker):
         """End the run: the end record goes to the spool; wait up to ``flush_seconds`` for the sender."""
         if self.spool is None:
             return
+        # Whole-run figures after warm-up (hvdsync.core.telemetry.runsummary), once: not the last epoch's swing.
+        summary = self._summary.summary()
+        if summary:
+            self.log_metrics(summary, step=0)
         self._write("end", status=status, time=_now_ms())
         if self._sender is not None:
             # Wait for the sender to send the end record; once it has found the store down, give it one more probe
