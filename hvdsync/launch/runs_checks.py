@@ -1,6 +1,7 @@
 """What ``hvdsync runs`` checks before it asks MLflow anything, and how it says what went wrong in one line: a local
 store that is missing, no database or written by a newer MLflow; a server that does not answer; an unknown run id; a
-file that is no spool; a UI port out of range or taken. And how ``runs ui`` stops its server's whole process group.
+file that is no spool; a UI port out of range or taken. And how ``runs ui`` waits for its server and stops its whole
+process group.
 """
 from __future__ import annotations
 
@@ -91,6 +92,22 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
         except OSError as exc:
             raise ConfigError(f"--port: {host}:{port} cannot be used ({exc.strerror or exc}); choose a free port, "
                               f"e.g. --port {port + 1 if port < 65535 else 5000}") from None
+
+
+def wait_until_up(server: subprocess.Popen, port: int, timeout: float = 300.0) -> bool:
+    """Wait until the MLflow server on ``port`` answers ``/health`` (True), or has exited (False). MLflow takes ~20 s
+    to start on a small machine: a link printed before then opens on an error page."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while server.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return True
+        time.sleep(0.3)
+    return server.poll() is None
 
 
 def stop_group(server: subprocess.Popen, grace: float = 10.0) -> None:

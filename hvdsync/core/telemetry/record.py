@@ -22,8 +22,15 @@ from typing import Any
 from hvdsync.core.train.seeding import rank_seed
 
 # Environment variables worth recording: they change numerics, threading or Horovod's behaviour.
-ENV_PREFIXES = ("HOROVOD_", "HVDSYNC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_", "NCCL_", "CUBLAS_", "TF_",
+ENV_PREFIXES = ("HOROVOD_", "HVDSYNC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "CUDA_", "NCCL_", "CUBLAS_",
                 "TORCH_", "PYTORCH_", "KERAS_", "MLFLOW_", "GLOO_", "PYTHONHASHSEED", "CUDNN_")
+# TensorFlow's own variables, by name (``TF_`` is also other tools' prefix: Terraform's TF_CLI_CONFIG_FILE, TF_VAR_*):
+# threading, determinism, oneDNN, XLA, GPU memory, logging, Keras 2/3 and the cluster spec.
+TF_NAMES = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
+            "TF_DETERMINISTIC_OPS", "TF_CUDNN_DETERMINISTIC", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS",
+            "TF_XLA_FLAGS", "TF_GPU_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_THREAD_MODE",
+            "TF_GPU_THREAD_COUNT", "TF_USE_LEGACY_KERAS", "TF_CONFIG", "TF_FORCE_UNIFIED_MEMORY",
+            "TF_ENABLE_AUTO_MIXED_PRECISION", "TF_USE_CUDNN_AUTOTUNE", "TF_DISABLE_MKL", "TF_ENABLE_XLA")
 # A name containing any of these is never recorded, whatever its prefix.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION", re.I)
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@/\s]*)@", re.I)
@@ -37,10 +44,11 @@ def mask_url_passwords(text: str) -> str:
 
 
 def recorded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The relevant environment variables (:data:`ENV_PREFIXES`), without any named like a secret."""
+    """The relevant environment variables (:data:`ENV_PREFIXES`, :data:`TF_NAMES`), without any named like a
+    secret."""
     environ = dict(os.environ if environ is None else environ)
     return {k: mask_url_passwords(v) for k, v in sorted(environ.items())
-            if k.startswith(ENV_PREFIXES) and not SECRET_NAME.search(k)}
+            if (k.startswith(ENV_PREFIXES) or k in TF_NAMES) and not SECRET_NAME.search(k)}
 
 
 def versions() -> dict[str, str]:

@@ -125,8 +125,16 @@ def _healthy(tables: set[str], revision: str | None) -> bool:
 def _migrate(db: Path) -> None:
     """Create MLflow's tables in ``db`` (a new or copied file) and bring them to the current schema, as MLflow's own
     first open and ``mlflow db upgrade`` do."""
+    import logging
+
     from mlflow.store.db import utils
 
+    # MLflow and Alembic say at INFO that they create and migrate tables: not news for a user who started a job
+    # (a failure still shows at WARNING and above).
+    quiet = [logging.getLogger(name) for name in ("mlflow.store.db.utils", "alembic", "alembic.runtime.migration")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.WARNING)
     engine = utils.create_sqlalchemy_engine(f"sqlite:///{db}")
     try:
         if not utils._all_tables_exist(engine):
@@ -136,6 +144,8 @@ def _migrate(db: Path) -> None:
         utils._verify_schema(engine)
     finally:
         engine.dispose()
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
 
 
 def _copy(source: Path, target: Path) -> None:
