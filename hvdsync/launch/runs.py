@@ -173,7 +173,8 @@ def _cmd_ui(ns) -> int:
     cmd = ui_command(ns.tracking_uri, ns.port, ns.artifacts_destination)
     # The server in a process group of its own: a stop (Ctrl-C, SIGTERM) reaches all of it, its workers included,
     # and the command waits until they are gone.
-    server = subprocess.Popen(cmd, start_new_session=True)
+    # Its own lines go to stderr: stdout carries the link alone (scripts read it).
+    server = subprocess.Popen(cmd, start_new_session=True, stdout=sys.stderr.fileno())
     try:
         if not wait_until_up(server, ns.port):
             code = server.wait()

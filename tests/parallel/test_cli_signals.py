@@ -94,16 +94,17 @@ def test_runs_ui_stopped_leaves_nothing_of_its_group(tmp_path):
                     pass
             return [c for g, c in groups if g != os.getpgid(ui.pid)]
 
-        # The server and its workers run in a group of their own (the UI's worker answers once it is up).
-        _wait_for(lambda: len(server_group()) >= 2, "MLflow server and its worker", timeout=90)
+        # The link comes once the server answers; the server and its workers run in a group of their own.
+        first = ui.stdout.readline()
         members = server_group()
+        assert len(members) >= 2, first
         group = os.getpgid(members[0].pid)
         ui.send_signal(signal.SIGTERM)
         out, err = ui.communicate(timeout=30)
     finally:
         if ui.poll() is None:
             ui.kill()
-    assert out.strip().splitlines()[0] == f"MLflow UI on http://127.0.0.1:{port} (Ctrl-C stops it)"
+    assert first.strip() == f"MLflow UI on http://127.0.0.1:{port} (Ctrl-C stops it)"   # an empty store: its root
     assert ui.returncode == 143 and err.strip().splitlines()[-1] == "hvdsync: stopped by the user (SIGTERM)", err
     left = [p for p in psutil.process_iter() if _group(p) == group]
     assert left == [], [p.cmdline() for p in left]
