@@ -31,6 +31,19 @@ if TYPE_CHECKING:
     from hvdsync.core.train.callbacks import FitResult
     from hvdsync.core.train.runtime import WorkerInfo
 
+# The core's names a user's own loop or Keras script needs, by the core module that defines them. Both adapters
+# export each (the same object: ``hvdsync.torch.ShardPlan is hvdsync.tensorflow.ShardPlan``), so that a user's
+# script imports its adapter, not hvdsync.core, whose modules may move (0.2.0's reorganisation broke such imports).
+FROM_THE_CORE = {
+    "hvdsync.core.train.callbacks": ("TrainContext", "FitResult"),
+    "hvdsync.core.train.sharding": ("ShardPlan", "Step", "PlanState"),
+    "hvdsync.core.train.scaling": ("loss_scale", "scaled_lr", "warmup_lr", "grown_lr"),
+    "hvdsync.core.comm.codecs": ("get_codec", "Codec", "CodecState"),
+    "hvdsync.core.telemetry.monitor": ("StepSpread",),
+    "hvdsync.core.elastic.ledger": ("SampleLedger",),
+    "hvdsync.core.elastic.checkpoint": ("CheckpointStore",),
+}
+
 # The module files of every adapter (paths under hvdsync/<framework>/).
 MODULES = ("__init__.py", "compression.py", "data.py", "elastic.py", "evaluate.py", "layers.py", "models.py",
            "optimizer.py", "precision.py", "runtime.py", "schemes/__init__.py", "schemes/base.py",

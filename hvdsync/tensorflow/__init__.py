@@ -4,6 +4,8 @@
     init, fit, build, Callback, check_same_model, dataset_evaluator, distributed_optimizer, broadcast_state,
     CodecCompressor, PlanSampler, ShardedLoader, mlp, CNN, SyncBatchNormalization, local_optimizer,
     elastic_state, run_elastic, fit_elastic
+    From the core, for a loop or script of your own: TrainContext, FitResult, ShardPlan, Step, PlanState, loss_scale,
+    scaled_lr, warmup_lr, grown_lr, get_codec, Codec, CodecState, StepSpread, SampleLedger, CheckpointStore
     TensorFlow's only: TensorFlowBackend (the backend class, named after its framework), DistributedOptimizer (a
     Keras optimizer, for compile), callbacks (Keras callbacks), keras_fit (elastic Keras fit of your own model)
 
@@ -23,7 +25,13 @@ from hvdsync.launch.quiet import quiet_imports
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 quiet_imports()
 
-from hvdsync.core.train.callbacks import Callback  # noqa: E402
+from hvdsync.core.comm.codecs import Codec, CodecState, get_codec  # noqa: E402
+from hvdsync.core.elastic.checkpoint import CheckpointStore  # noqa: E402
+from hvdsync.core.elastic.ledger import SampleLedger  # noqa: E402
+from hvdsync.core.telemetry.monitor import StepSpread  # noqa: E402
+from hvdsync.core.train.callbacks import Callback, FitResult, TrainContext  # noqa: E402
+from hvdsync.core.train.scaling import grown_lr, loss_scale, scaled_lr, warmup_lr  # noqa: E402
+from hvdsync.core.train.sharding import PlanState, ShardPlan, Step  # noqa: E402
 from hvdsync.tensorflow import callbacks  # noqa: E402
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
 from hvdsync.tensorflow.data import PlanSampler, ShardedLoader  # noqa: E402
@@ -39,3 +47,7 @@ __all__ = ["init", "fit", "build", "Callback", "check_same_model", "dataset_eval
            "broadcast_state", "CodecCompressor", "PlanSampler", "ShardedLoader", "mlp", "CNN",
            "SyncBatchNormalization", "local_optimizer", "elastic_state", "run_elastic", "fit_elastic",
            "TensorFlowBackend", "DistributedOptimizer", "callbacks", "keras_fit"]
+
+# The core's names a loop or script of your own needs (hvdsync.adapter.FROM_THE_CORE), the same objects in both adapters.
+__all__ += ["TrainContext", "FitResult", "ShardPlan", "Step", "PlanState", "loss_scale", "scaled_lr", "warmup_lr",
+            "grown_lr", "get_codec", "Codec", "CodecState", "StepSpread", "SampleLedger", "CheckpointStore"]

@@ -4,10 +4,18 @@
     init, fit, build, Callback, check_same_model, dataset_evaluator, distributed_optimizer, broadcast_state,
     CodecCompressor, PlanSampler, ShardedLoader, mlp, CNN, SyncBatchNormalization, local_optimizer,
     elastic_state, run_elastic, fit_elastic
+    From the core, for a loop or script of your own: TrainContext, FitResult, ShardPlan, Step, PlanState, loss_scale,
+    scaled_lr, warmup_lr, grown_lr, get_codec, Codec, CodecState, StepSpread, SampleLedger, CheckpointStore
     PyTorch's only: TorchBackend (the backend class, named after its framework), LoaderSteps (a DataLoader as the
     shared loop's steps)
 """
-from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.comm.codecs import Codec, CodecState, get_codec
+from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.telemetry.monitor import StepSpread
+from hvdsync.core.train.callbacks import Callback, FitResult, TrainContext
+from hvdsync.core.train.scaling import grown_lr, loss_scale, scaled_lr, warmup_lr
+from hvdsync.core.train.sharding import PlanState, ShardPlan, Step
 from hvdsync.torch.compression import CodecCompressor
 from hvdsync.torch.data import LoaderSteps, PlanSampler, ShardedLoader
 from hvdsync.torch.elastic import elastic_state, fit_elastic, run_elastic
@@ -22,3 +30,7 @@ __all__ = ["init", "fit", "build", "Callback", "check_same_model", "dataset_eval
            "broadcast_state", "CodecCompressor", "PlanSampler", "ShardedLoader", "mlp", "CNN",
            "SyncBatchNormalization", "local_optimizer", "elastic_state", "run_elastic", "fit_elastic",
            "TorchBackend", "LoaderSteps"]
+
+# The core's names a loop or script of your own needs (hvdsync.adapter.FROM_THE_CORE), the same objects in both adapters.
+__all__ += ["TrainContext", "FitResult", "ShardPlan", "Step", "PlanState", "loss_scale", "scaled_lr", "warmup_lr",
+            "grown_lr", "get_codec", "Codec", "CodecState", "StepSpread", "SampleLedger", "CheckpointStore"]
