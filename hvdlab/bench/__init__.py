@@ -14,6 +14,9 @@ the runners share and the parts that do not fit in a runner.
     link_report, link_encode,      ``link.py``: its rows and tables, each codec's encoding time on the workers, DDP's
     link_ddp, link_probe           hooks over the same link, the link's rate as one TCP stream gets it
     shares_common, shares_timeline the straggler benchmarks' shared setup, and the ``timeline`` part of ``shares.py``
+    protocol, sizing               the measuring protocol every suite follows (order, repeats, the ratio's confidence
+                                   interval, the record's form) and where a step's compute stands against its ring
+    models_step                    ``models.py``'s contenders on the real model sizes (hvdsync, tuned DDP, compute)
 
 Importing this package imports nothing else: every module imports its framework where it measures.
 """
