@@ -25,7 +25,7 @@ import pytest
 
 from hvdsync.launch import cli
 from hvdsync import launch
-from hvdsync.core.telemetry import monitor
+from hvdsync.core.telemetry import monitor, runlabel
 from hvdsync.core.telemetry.spool import Spool
 from tests.parallel import tracking_workers
 
@@ -133,7 +133,8 @@ def _check_run(client, run_id, tmp_path):
     assert run.info.status == "FINISHED"
     from hvdsync.config import Config
 
-    assert set(Config().flat()) <= set(p) and p["world_size"] == "2"        # the full config
+    assert set(runlabel.applicable(Config().flat())) <= set(p) and p["world_size"] == "2"  # what applies ...
+    assert "tracking.spool_dir" not in p and "data.synthetic_samples" not in p         # ... and nothing else
     assert {"version.horovod", "version.torch", "version.mlflow", "horovod.build_key"} <= set(p)
     for r in (0, 1):                                                       # every rank's own figures
         for key in ("loss", "step_seconds", "work_seconds", "data_seconds", "compute_seconds", "sync_wait_seconds",
@@ -144,7 +145,16 @@ def _check_run(client, run_id, tmp_path):
     assert any(k.endswith("/cpu_utilization_percentage") for k in system)
     assert any(k.endswith("/system_memory_usage_megabytes") for k in system)
     files = set(_artifacts(client, run_id))
-    assert {"hvdsync/config.yaml", "hvdsync/record.json", "plots/training.png"} <= files
+    assert {"hvdsync/config.yaml", "hvdsync/record.json", "training.png"} <= files   # the plot at the root
+    # Named and tagged for what ran; the headline figures are the run's totals after the warm-up epoch.
+    assert run.info.run_name == "torch x2 1host none allreduce acc1" and run.data.tags["hvdsync.hosts"] == "1"
+    seconds = [x.value for x in sorted(client.get_metric_history(run_id, "epoch_seconds"), key=lambda x: x.step)]
+    rates = [x.value for x in sorted(client.get_metric_history(run_id, "samples_per_second"), key=lambda x: x.step)]
+    kept = slice(1, None) if len(seconds) > 1 else slice(None)
+    assert m["Key/samples_per_second"] == pytest.approx(
+        sum(r * s for r, s in zip(rates[kept], seconds[kept])) / sum(seconds[kept]))
+    phases = {k: m[f"Key/{k}_seconds"] for k in ("data", "compute", "sync_wait", "update")}
+    assert m["Key/comm_share"] == pytest.approx(phases["sync_wait"] / sum(phases.values()))
     record = json.loads(Path(client.download_artifacts(run_id, "hvdsync/record.json", str(tmp_path))).read_text())
     assert record["world_size"] == 2 and record["seeds"]["train.seed"] == 0 and record["horovod_build"]["gloo"]
     return run, files
@@ -156,7 +166,7 @@ def test_one_run_per_job_with_params_per_rank_and_system_metrics_and_artifacts(j
     # One run for the job: the experiment holds this run only, though two processes trained.
     assert len(job["server"].search_runs([run.info.experiment_id])) == 1
     # The timeline (only with tracking.timeline) and its per-tensor chart, which names the model's tensors.
-    assert {"horovod/timeline.png", "horovod/timeline_tensors.json"} <= files
+    assert {"horovod/timeline.png", "horovod/timeline_tensors.json", "timeline.png"} <= files
     parts = json.loads(Path(job["server"].download_artifacts(run.info.run_id, "horovod/timeline_tensors.json",
                                                              str(tmp_path))).read_text())
     assert any(v["allreduce"] > 0 for v in parts.values())
@@ -277,6 +287,19 @@ def test_sweep_makes_child_runs_and_compare_lists_exactly_the_differing_param(se
     pairs = sorted((c.data.params["sync.compression"], c.data.params["sync.accumulate"]) for c in children)
     assert pairs == [("fp16", "1"), ("fp16", "4"), ("none", "1"), ("none", "4")]
     by = {(c.data.params["sync.compression"], c.data.params["sync.accumulate"]): c.info.run_id for c in children}
+    parent = parents[0]
+    # Children named for their axes first, tagged with the sweep as their job and launcher; the parent holds the
+    # axes, each child's key figures and the best child.
+    for c in children:
+        axes = f"compression={c.data.params['sync.compression']} accumulate={c.data.params['sync.accumulate']} | "
+        assert c.info.run_name.startswith(axes + "torch x2"), c.info.run_name
+        assert (c.data.tags["hvdsync.launcher"], c.data.tags["hvdsync.job"]) == ("sweep", parent.info.run_id)
+        assert c.data.tags["hvdsync.compression"] == c.data.params["sync.compression"]
+    assert parent.data.params == {"sweep.sync.compression": "none,fp16", "sweep.sync.accumulate": "1,4"}
+    parent = client.get_run(parent.info.run_id)
+    accuracy = {c.info.run_id: c.data.metrics["Key/test_accuracy"] for c in children}
+    assert accuracy[parent.data.tags["hvdsync.best_run"]] == max(accuracy.values())
+    assert parent.data.metrics["Key/best_test_accuracy"] == max(accuracy.values())
 
     png = tmp_path / "compare.png"
     capsys.readouterr()
@@ -285,6 +308,10 @@ def test_sweep_makes_child_runs_and_compare_lists_exactly_the_differing_param(se
                      "--out", str(png), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["differing"] == {"sync.compression": ["none", "fp16"]}
+    for run_id in (by[("none", "1")], by[("fp16", "1")]):                 # the table's figures are the runs' totals
+        totals = client.get_run(run_id).data.metrics
+        assert report["metrics"][run_id]["samples_per_second"] == totals["Key/samples_per_second"]
+        assert report["metrics"][run_id]["comm_share"] == totals["Key/comm_share"]
     wire = report["ratios"][by[("fp16", "1")]]["wire_bytes"]
     assert wire == pytest.approx(0.5)                                     # fp16 halves the bytes on the wire
     import matplotlib.image

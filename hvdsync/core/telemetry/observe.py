@@ -192,9 +192,12 @@ class Observer(Callback):
                 if parts:
                     (Path(tmp) / "timeline_tensors.json").write_text(json.dumps(parts, indent=2))
                     self.tracker.log_artifact(Path(tmp) / "timeline_tensors.json", "horovod")
-                    self.tracker.log_artifact(profiling.timeline_chart(parts, Path(tmp) / "timeline.png"), "horovod")
+                    chart = profiling.timeline_chart(parts, Path(tmp) / "timeline.png")
+                    # At the root too: MLflow's compare view shows only artifacts at the same path in every run.
+                    self.tracker.log_artifact(chart, "horovod")
+                    self.tracker.log_artifact(chart)
             if self.history:
-                self.tracker.log_artifact(plot_history(self.history, Path(tmp) / "training.png"), "plots")
+                self.tracker.log_artifact(plot_history(self.history, Path(tmp) / "training.png"))
 
 
 def plot_history(history: list[dict], path: str | Path) -> Path:
