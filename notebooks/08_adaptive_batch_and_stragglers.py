@@ -113,7 +113,7 @@ def share_run(cfg_dict, slowdown):
     from hvdlab.straggler import SlowRank
     from hvdsync.config import Config
     from hvdsync.core.train.adaptive import AdaptiveShares
-    from hvdsync.core.train.loop import Callback
+    from hvdsync.core.train.callbacks import Callback
     from hvdsync.datasets import load
 
     cfg = Config.from_dict(cfg_dict)

@@ -60,7 +60,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.train.loop import FitResult
+from hvdsync.core.train.callbacks import FitResult
 from hvdsync.core.train.scaling import scaled_lr
 
 # The learning rate is meant for ONE worker with 32 samples per step; `lr_scaling: linear` multiplies it by the
