@@ -72,7 +72,7 @@ class Adapter(Protocol):
         """The backend the shared loop drives (the user's pieces or the registered ones)."""
 
     def Callback(self) -> Any:
-        """The shared loop's callback (:class:`hvdsync.core.train.loop.Callback`), the same class in both."""
+        """The shared loop's callback (:class:`hvdsync.core.train.callbacks.Callback`), the same class in both."""
 
     def check_same_model(self, model) -> None:
         """Fail on every rank when the ranks built different models."""

@@ -110,7 +110,7 @@ def register_dataset(name: str) -> Callable[[Callable], Callable]:
 
 
 def register_callback(name: str) -> Callable[[Callable], Callable]:
-    """Register ``make(cfg) -> hvdsync.core.train.loop.Callback`` (a ``Callback`` subclass taking the config will
+    """Register ``make(cfg) -> hvdsync.core.train.callbacks.Callback`` (a ``Callback`` subclass taking the config will
     do) as a name for ``train.callbacks``: every worker's training loop then runs one, elastic runs included.
 
     Example:

@@ -203,7 +203,7 @@ class TrainConfig:
             callbacks.
         callbacks: callbacks registered by name (:func:`hvdsync.registry.register_callback`, in a plugin module)
             that hvdsync's training loop runs in every worker, elastic runs included: user code that observes or
-            acts on each step and epoch (:class:`hvdsync.core.train.loop.Callback`). Keras ``fit`` takes Keras
+            acts on each step and epoch (:class:`hvdsync.core.train.callbacks.Callback`). Keras ``fit`` takes Keras
             callbacks instead.
         np: number of Horovod worker processes the launcher starts.
         epochs: passes over the training set.

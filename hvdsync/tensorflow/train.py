@@ -264,7 +264,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
         num_workers: int = 0, timer: PhaseTimer | None = None) -> FitResult:
     """Initialise this TensorFlow worker and train with the shared loop; returns this rank's
-    :class:`~hvdsync.core.train.loop.FitResult`. The same arguments as :func:`hvdsync.torch.fit`; ``train`` and
+    :class:`~hvdsync.core.train.callbacks.FitResult`. The same arguments as :func:`hvdsync.torch.fit`; ``train`` and
     ``num_workers`` (a torch ``DataLoader``'s) raise an error that says what to use here (a ``tf.data`` pipeline of
     your own goes through Keras' ``fit`` with :class:`~hvdsync.tensorflow.PlanSampler`).
 
@@ -281,7 +281,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
             after each epoch, instead of ``data``'s test split (:func:`~hvdsync.tensorflow.dataset_evaluator`).
         evaluate: instead of ``test``, ``evaluate() -> {metric: (sum, count)}`` over this rank's share (default:
             test accuracy).
-        callbacks: :class:`~hvdsync.core.train.loop.Callback` objects.
+        callbacks: :class:`~hvdsync.core.train.callbacks.Callback` objects.
         resume: a plan position (``FitResult.plan_state``, ``PlanSampler.state_dict()``) to continue from.
         timer: a :class:`~hvdsync.core.telemetry.profiling.PhaseTimer` (subclass) to time the phases with, e.g. one
             that acts around each phase (default a new ``PhaseTimer``).

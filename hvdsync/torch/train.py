@@ -181,7 +181,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         loss: Loss | None = None, optimizer: torch.optim.Optimizer | None = None, train=None, test=None,
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
         num_workers: int = 0, timer: PhaseTimer | None = None) -> FitResult:
-    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.train.loop.FitResult`.
+    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.train.callbacks.FitResult`.
 
     With no model or data given it trains what ``cfg`` names (``train.model`` on ``data.dataset``, from
     :mod:`hvdsync.registry`; default: the MLP on digits). With your own pieces:
@@ -197,7 +197,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
             ``num_workers``), or your ``DataLoader`` built with ``batch_sampler=PlanSampler(...)``.
         test: a ``Dataset`` of ``(input, label)`` scored for ``test_accuracy`` after each epoch.
         evaluate: instead of ``test``, ``evaluate() -> {metric: (sum, count)}`` over this rank's share.
-        callbacks: :class:`~hvdsync.core.train.loop.Callback` objects.
+        callbacks: :class:`~hvdsync.core.train.callbacks.Callback` objects.
         resume: a plan position (``PlanSampler.state_dict()``, ``FitResult.plan_state``) to continue from.
         timer: a :class:`~hvdsync.core.telemetry.profiling.PhaseTimer` (subclass) to time the phases with, e.g. one
             that acts around each phase (default a new ``PhaseTimer``).

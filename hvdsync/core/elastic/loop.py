@@ -165,7 +165,7 @@ def elastic_fit(state: CommittedState, settings: LoopSettings, backend, data: Da
             :func:`hvdsync.fitting.loop_settings`); ``settings.params`` are the parameters the run records.
         backend: the adapter's loop backend; ``backend.refresh()`` re-reads rank and size after a reset.
         data: the dataset (same arrays on every rank).
-        callbacks: more :class:`~hvdsync.core.train.loop.Callback` objects for the loop (the user's, made once per
+        callbacks: more :class:`~hvdsync.core.train.callbacks.Callback` objects for the loop (the user's, made once per
             process: they live on across resets); ``TrainContext.job_step`` counts the job's committed steps too,
             and ``TrainContext.state`` is ``state``. A :class:`~hvdsync.core.elastic.ledger.SampleLedger` among them
             fills the result's ``reads`` and ``timeline``.
