@@ -111,6 +111,10 @@ def test_runs_are_named_and_tagged_for_what_ran_and_their_experiment_opens_on_ru
         assert run.info.run_name == f"torch x2 1host {compression} allreduce acc2"
         assert tags["mlflow.user"] == getpass.getuser() and tags["mlflow.source.type"] == "LOCAL"
         assert tags["mlflow.source.name"]
+    # The data set as an MLflow dataset input: the same data settings, the same digest.
+    inputs = [client.get_run(ids[k]).inputs.dataset_inputs for k in "AB"]
+    assert [[(i.dataset.name, i.dataset.source_type) for i in x] for x in inputs] == [[("digits", "hvdsync")]] * 2
+    assert inputs[0][0].dataset.digest == inputs[1][0].dataset.digest
     exp = client.get_experiment(client.get_run(ids["A"]).info.experiment_id)
     assert exp.tags[runlabel.EXPERIMENT_KIND_TAG] == runlabel.EXPERIMENT_KIND
     # `runs ui` prints the link to the newest run's experiment, opened as model training (not GenAI).

@@ -105,3 +105,21 @@ def applicable(params: Mapping[str, Any]) -> dict[str, Any]:
                     and not elastic)
 
     return {k: v for k, v in params.items() if applies(k, v)}
+
+
+def dataset_input(params: Mapping[str, Any]) -> dict[str, str] | None:
+    """The run's data set as an MLflow dataset input: its name, a digest of the data settings that make it (the
+    same digest: the same samples in the same split), where it comes from and its profile; None without a
+    ``data.dataset`` param (a user's own loop)."""
+    import hashlib
+    import json
+
+    name = params.get("data.dataset")
+    if not name:
+        return None
+    data = {k: str(v) for k, v in sorted(applicable(params).items()) if k.startswith("data.")}
+    making = {k: v for k, v in data.items() if k not in ("data.batch_size", "data.shares", "data.shuffle")}
+    making["train.seed"] = str(params.get("train.seed", ""))
+    digest = hashlib.sha256(json.dumps(making, sort_keys=True).encode()).hexdigest()[:8]
+    return {"name": str(name), "digest": digest, "source": json.dumps({"registry": "hvdsync", "dataset": str(name)}),
+            "profile": json.dumps(data)}

@@ -267,6 +267,13 @@ def replay(client, spool: Spool, record: dict) -> dict:
             _log_metrics(client, run_id, metrics[i:i + _MAX_METRICS])
     elif op == "tags":
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in record["tags"].items()])
+    elif op == "dataset":  # the run's data set as an MLflow dataset input (the UI's "Datasets" column and filter)
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        d = record["dataset"]
+        client.log_inputs(run_id, datasets=[DatasetInput(
+            Dataset(d["name"], d["digest"], "hvdsync", d["source"], profile=d.get("profile")),
+            tags=[InputTag("mlflow.data.context", d.get("context", "training"))])])
     elif op == "artifact":
         client.log_artifact(run_id, str(spool.files_dir / record["file"]), record.get("artifact_path") or None)
     elif op == "end":

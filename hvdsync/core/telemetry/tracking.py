@@ -143,6 +143,9 @@ class MLflowTracker(Tracker):
                     run_name=self._run_name or tags.get("mlflow.runName", ""), tags=tags,
                     time=_now_ms(), **({"run_id": run_id} if run_id else {}))
         self.log_params(runlabel.applicable(params))
+        dataset = runlabel.dataset_input(params)
+        if dataset:
+            self._write("dataset", dataset=dataset)
         if self._parent and os.environ.get(runlabel.SWEEP_ENV):  # a sweep's child: its job and launcher
             self.set_tags({"hvdsync.job": os.environ[runlabel.SWEEP_ENV], "hvdsync.launcher": "sweep"})
         try:
