@@ -7,7 +7,8 @@ numpy arrays from :class:`hvdsync.core.train.loader.PlanLoader`, or the batches 
 ``hvdsync.torch.PlanSampler``). Evaluation is a function the user may pass. The loop owns what is the same in
 PyTorch and TensorFlow: epochs and the plan position (resumable), the loss scale, metrics gathered across ranks, the
 MLflow run record, progress on rank 0, the cross-rank parameter check, and the callbacks that other features plug
-into (:class:`Callback`: tracking, profiling, monitoring, elastic commits, communication schemes).
+into (:class:`~hvdsync.core.train.callbacks.Callback`: the observer, profiling, monitoring, elastic commits,
+communication schemes; the observer is handed in, not built here).
 """
 from __future__ import annotations
 
