@@ -22,7 +22,8 @@
 # > 1. Hardware carries the synchronisation; the usual set-ups are one machine with several GPUs, several machines
 # >    with several GPUs, and heterogeneous cloud clusters. → the first cells measure this one machine (cores,
 # >    memory, loopback); there is no GPU, second machine or cloud here: §3 stands in with two test hosts (recorded
-# >    run), and notebook 08 with workers of unequal speed.
+# >    run), §3c measures a heterogeneous pair in this run (one host behind a slower link: what it costs, what
+# >    adaptive shares and fewer bytes do about it), and notebook 08 has workers of unequal speed.
 # > 2. Within one machine the GPUs share a fast bus with very low latency, which suits tightly coupled synchronisation
 # >    such as aggregating gradients through shared memory. → cannot run here (no GPU); §2 puts NVLink and PCIe
 # >    figures for one 8-GPU node into the cost model (predictions); §3b reduces inside each test host before
@@ -273,6 +274,59 @@ assert slowest["ratio"] < 0.85 and free_h["ratio"] > 1.2
 print("in the record: hierarchical / flat " + ", ".join(f"{r['rate']} {r['ratio']:.2f}" for r in tree["rows"]))
 
 # %% [markdown]
+# ## 3c · A heterogeneous pair: one host behind a slower link (measured in this run)
+#
+# A cloud cluster is seldom uniform: one node may sit behind a slower NIC or a busier switch port. Two test hosts
+# (`hvdlab.testhosts`: network namespaces with their own link and sshd, each on its own share of this machine's
+# cores) run one worker each; the job is started by `hvdsync.launch.run` from `node1` (`hvdlab.heterogeneous`). It
+# runs twice: both links unlimited, then with only `node2`'s outgoing link limited to 100 Mbit/s. Each time the
+# workers time the ring all-reduce of a 4 MB buffer in float32 and in float16, then train the digits MLP for 3 epochs
+# with `data.shares: adaptive`. A ring is as fast as its slowest link, so one slow host slows every rank. hvdsync's
+# adaptive shares balance *compute*: each rank's samples per second while reading and computing, the all-reduce wait
+# left out (`hvdsync.core.train.adaptive`). Whatever they do, they cannot make a link faster: every step still pays
+# the slow all-reduce. Where they end is printed for this run (one core per host, shared with whatever else runs on
+# the machine, so the measured rates, and the shares with them, can move). What helps is a choice of what crosses
+# the link: fewer bytes (float16, `sync.compression`, notebook 15),
+# fewer all-reduces (`sync.accumulate`, notebook 06), or a placement that keeps the slow host out of the ring. Test
+# hosts need root; without it this section says why and measures nothing.
+
+# %%
+import os
+
+from hvdlab import heterogeneous
+from hvdlab.testhosts import TestHosts, unavailable
+from hvdsync.config import Config
+
+SLOW = "100mbit"
+train_cfg = Config().replace(train={"np": 2, "epochs": 3, "hidden": 256}, data={"batch_size": 32, "shares": "adaptive"},
+                             tracking={"enabled": False}, monitor={"every": 0}).to_dict()
+why = unavailable()
+hetero = {}
+if why:
+    print(f"not measured in this run: {why}")
+else:
+    with TestHosts(2, prefix=f"nb03h{os.getpid()}", subnet="10.77.7", split_cpus=True) as cluster:
+        hetero["both links unlimited"] = heterogeneous.run_job(cluster, megabytes=4, cfg_dict=train_cfg)
+        heterogeneous.limit_link(cluster, "node2", SLOW)
+        hetero[f"node2 at {SLOW}"] = heterogeneous.run_job(cluster, megabytes=4, cfg_dict=train_cfg)
+for name, ranks in hetero.items():
+    t = ranks[0]["allreduce_s"]
+    shares = [f"{h['shares'][0]:.2f}/{h['shares'][1]:.2f}" for h in ranks[0]["history"]]
+    print(f"{name:22}: 4 MB all-reduce float32 {t['float32'] * 1e3:7.1f} ms, float16 {t['float16'] * 1e3:7.1f} ms; "
+          f"adaptive shares per epoch (node1/node2) {', '.join(shares)}")
+if hetero:
+    fast, slow = hetero["both links unlimited"][0]["allreduce_s"], hetero[f"node2 at {SLOW}"][0]["allreduce_s"]
+    print(f"in this run: one slow host made the float32 all-reduce {slow['float32'] / fast['float32']:.1f}x slower "
+          f"for both ranks; over the slow link float16 took {slow['float16'] / slow['float32']:.2f}x float32's time")
+    # 4 MB through 100 Mbit/s is ~0.3 s whatever else happens: a wide margin on a loaded machine.
+    assert slow["float32"] > 3 * fast["float32"], "one host's slow link slows the whole ring"
+    assert slow["float16"] < 0.75 * slow["float32"], "half the bytes over the slow link: clearly less time"
+    last = hetero[f"node2 at {SLOW}"][0]["history"][-1]["shares"]
+    print(f"in this run the adaptive shares ended at {last[0]:.2f}/{last[1]:.2f} (node1/node2) with node2's link "
+          "slow: they follow the rates measured while reading and computing; the all-reduce stays as slow")
+
+
+# %% [markdown]
 # ## 4 · NCCL vs Gloo
 #
 # Horovod hands the collective to a library. **Gloo** (Facebook's) runs on CPUs over TCP: a CPU thread copies the
@@ -298,6 +352,9 @@ print("in the record: hierarchical / flat " + ", ".join(f"{r['rate']} {r['ratio'
 #   2 hosts x 2 ranks (recorded, and checked in the tests); it pays where the link is slow (0.73x the flat time at
 #   100 Mbit/s in the record), breaks even around 1 Gbit/s here (0.99x) and loses without a limit (2.15x): the
 #   extra host stages cost a fixed time that only a slow link hides.
+# * A heterogeneous cluster runs at its slowest link: one host at 100 Mbit/s made both ranks' all-reduce several
+#   times slower (§3c, measured in this run where test hosts can be made; asserted above 3x). Adaptive shares
+#   balance compute, not links; fewer bytes over the slow link (float16: asserted below 0.75x) is what helps.
 # * Over a real bandwidth limit the bytes are the step: in the record above, the fp32 step at the slowest rate is
 #   several times the unlimited one, and halving the bytes (fp16) cuts it by about as much as the link's share of
 #   the step (the printed ratios; asserted: more than 3x, and below 0.75x).
