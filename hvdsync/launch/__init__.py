@@ -19,14 +19,15 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.launch.base import WorkerError, horovod_frameworks
-from hvdsync.launch.local import QUIET_ENV, preflight, run, train, train_many
+from hvdsync.launch.base import QUIET_ENV, Launcher, WorkerError, horovod_frameworks, preflight
+from hvdsync.launch.local import run, train, train_many
 from hvdsync.launch.worker import ADAPTERS
 
 __all__ = ["run", "train", "train_many", "preflight", "horovod_frameworks", "WorkerError", "ADAPTERS", "QUIET_ENV",
-           "choose", "Launch"]
+           "choose", "Launch", "Launcher"]
 
-# The launchers by module name in this package; each has ``train(cfg, quiet=, log_dir=, **where)``.
+# The launchers by module name in this package; each has ``train(cfg, quiet=, log_dir=, **where)``, which builds its
+# subclass of :class:`hvdsync.launch.base.Launcher` from ``where`` and calls the template's ``train``.
 LAUNCHERS = ("local", "elastic", "ray")
 IN_STEP = "slurm"  # a task of an srun step: no launcher, it trains as its own rank (hvdsync.launch.slurm)
 

@@ -1,6 +1,8 @@
-"""What every launcher shares (on this machine, elastic, across hosts, on Ray, under MPI or Slurm): what the installed
-Horovod was built with, rank 0's progress in this terminal, the elastic driver's log, the hosts it lost, and the
-worker errors it turns into one clear :class:`WorkerError`. Nothing here starts a worker.
+"""What every launcher shares (on this machine, elastic, across hosts, on Ray, under MPI or Slurm): the template they
+subclass (:class:`Launcher`: preflight -> placement -> the job's run -> the subclass's start hook), what the installed
+Horovod was built with, the workers' environment, the job's MLflow run, rank 0's progress in this terminal, the
+elastic driver's log, the hosts it lost, and the worker errors it turns into one clear :class:`WorkerError`. Nothing
+here starts a worker; the subclasses do, and none imports another (tests/repo/test_layering.py).
 """
 from __future__ import annotations
 
@@ -9,16 +11,26 @@ import functools
 import importlib.util
 import json
 import logging
+import os
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdsync.config import Config, ConfigError
+from hvdsync.core.telemetry import jobrun
+from hvdsync.core.telemetry.jobrun import JobRun
 from hvdsync.core.telemetry.progress import progress_display
+from hvdsync.core.train.callbacks import Callback, FitResult
 
 # Horovod's compiled extension for each framework, relative to the horovod package.
 _EXTENSIONS = {"torch": "torch/mpi_lib_v2*.so", "tensorflow": "tensorflow/mpi_lib*.so"}
+
+
+# Environment every worker gets unless already set: no TensorFlow C++ INFO/WARNING screenfuls, unbuffered output.
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
 class WorkerError(RuntimeError):
@@ -261,3 +273,137 @@ def check_outputs(cfg, log_dir: str | Path | None = None, local: bool = True) ->
         why = unwritable(path, kind)
         if why:
             raise ConfigError(f"{name}: {why}; give a {kind} this user can write")
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no worker: Horovod present, built for the framework, op supported by this build."""
+    built = horovod_frameworks()
+    if not built:
+        raise ConfigError("horovod: not installed in this environment; run `make install` (scripts/install.sh)")
+    if cfg.train.framework not in built:
+        raise ConfigError(f"train.framework: {cfg.train.framework!r} is not allowed with this Horovod build; "
+                          f"it was built for: {', '.join(built)} (rebuild with scripts/build_horovod.sh)")
+    if cfg.sync.op == "adasum" and not mpi_built():
+        raise ConfigError("sync.op: 'adasum' is not allowed with this Horovod build (Adasum needs MPI; this build "
+                          "has Gloo only); choose one of: average, sum")
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the workers (Horovod copies ``os.environ`` into each one), then restore."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def job_run(cfg: Config, launcher: str, continue_run: str | None = None) -> Iterator[JobRun | None]:
+    """The job's MLflow run, created here before any worker starts and handed to them in the environment
+    (:mod:`hvdsync.core.telemetry.jobrun`); ended with how the block ended (``FINISHED``, ``FAILED``, ``KILLED``),
+    unless the block ended it itself with more to say (the elastic launchers' resets)."""
+    tags = {"framework": cfg.train.framework, "hvdsync.launcher": launcher}
+    if cfg.elastic.enabled:
+        tags["elastic"] = "true"
+    job = jobrun.begin(cfg.tracking, tags, continue_run)
+    try:
+        with environ(job.env() if job is not None else {}):
+            yield job
+    except BaseException as exc:
+        if job is not None:
+            job.end(jobrun.status_for(exc))
+        raise
+    if job is not None:
+        job.end("FINISHED")
+
+
+@dataclass(frozen=True)
+class Start:
+    """How :meth:`Launcher.train` was asked to start the workers, handed to the hooks. ``run_dir`` and ``env`` are
+    filled in by an elastic launcher (the job's folder, the workers' checkpoint-job variables)."""
+
+    quiet: bool = True
+    progress: bool = True
+    log_dir: str | Path | None = None
+    callbacks: tuple[Callback, ...] = ()
+    run_dir: Path | None = None
+    env: dict[str, str] | None = None
+
+
+class Launcher:
+    """The one way a training job is launched: :meth:`train` runs preflight -> placement -> the job's run -> the
+    subclass's :meth:`start` hook, in that order, so every launcher refuses a bad config, Horovod build or host list
+    in one line before the job's MLflow run is made (a bad host list is not a FAILED run).
+
+    A subclass says where the workers run (its constructor's keyword arguments, kept in ``where``) and overrides the
+    hooks, never :meth:`train`: one signature for every launcher (tests/unit/test_launcher_template.py holds it).
+
+    Example:
+        >>> LocalLauncher(hosts="a:2,b:2").train(cfg)   # doctest: +SKIP
+    """
+
+    name = ""  # the job run's ``hvdsync.launcher`` tag
+
+    def __init__(self, **where: Any) -> None:
+        self.where = where
+
+    def train(self, cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str | Path | None = None,
+              callbacks: Sequence[Callback] = ()):
+        """Train as ``cfg`` says; returns rank 0's :class:`FitResult` (an elastic job's: its ``ElasticResult``).
+
+        Args:
+            quiet: keep the workers' output in their log, not this terminal.
+            progress: show rank 0's progress as a bar here.
+            log_dir: the workers' log folder (default: a temporary one, removed after a success).
+            callbacks: :class:`~hvdsync.core.train.callbacks.Callback` instances for every worker's loop (each
+                worker its own pickled copy); elastic jobs only, a fixed job runs those named in ``train.callbacks``.
+        """
+        if callbacks and not self.takes_callbacks(cfg):
+            raise ConfigError("callbacks=: taken by elastic jobs (elastic.enabled); name a job's callbacks in "
+                              "train.callbacks (hvdsync.registry.register_callback)")
+        self.preflight(cfg)
+        how = Start(quiet, progress, log_dir, tuple(callbacks))
+        with self.connection(cfg, how):
+            placed = self.placement(cfg)
+            return self.job(cfg, placed, how)
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+    def takes_callbacks(self, cfg: Config) -> bool:
+        """Whether ``callbacks=`` reach the workers: an elastic job's do (a fixed job runs ``train.callbacks``)."""
+        return cfg.elastic.enabled
+
+    def preflight(self, cfg: Config) -> None:
+        """What needs no worker and no cluster: Horovod's build (:func:`preflight`)."""
+        preflight(cfg)
+
+    def connection(self, cfg: Config, how: Start) -> contextlib.AbstractContextManager:
+        """Held around placement and the job (a Ray cluster's connection); none by default."""
+        return contextlib.nullcontext()
+
+    def placement(self, cfg: Config) -> Any:
+        """Where the workers go, checked before the job's run is made; handed to :meth:`start`."""
+        return None
+
+    def job_run(self, cfg: Config, continue_run: str | None = None) -> contextlib.AbstractContextManager:
+        """The job's MLflow run (:func:`job_run`), tagged with :attr:`name`."""
+        return job_run(cfg, self.name, continue_run)
+
+    def job(self, cfg: Config, placed: Any, how: Start):
+        """The job run around the start; an elastic launcher adds its reset bookkeeping here."""
+        with self.job_run(cfg):
+            results = self.start(cfg, placed, how)
+        return self.result(results)
+
+    def start(self, cfg: Config, placed: Any, how: Start) -> list:
+        """Start the workers and return their results by rank (what each subclass does its own way)."""
+        raise NotImplementedError(f"{type(self).__name__}.start")
+
+    def result(self, results: list):
+        """Rank 0's result as the caller gets it."""
+        return FitResult(**results[0])

@@ -19,10 +19,12 @@ Which pairs work, measured on Debian 12 (Slurm 22.05.8, Open MPI 4.1.4): ``--mpi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Mapping
 
 from hvdsync.config import Config, ConfigError
+from hvdsync.launch.base import Launcher, Start, mpi_built
 from hvdsync.launch.mpi import mpi_speaks
 
 def in_step(environ: Mapping[str, str] = os.environ) -> bool:
@@ -63,18 +65,39 @@ def check_step(np_given: int | None, mpi_built: bool, environ: Mapping[str, str]
     return tasks
 
 
+class SlurmStep(Launcher):
+    """The template's subclass for one task of an srun step: Slurm placed the tasks, each is a rank, so the placement
+    is only the step's task count and the start trains this task's rank under Horovod's MPI controller. No job run
+    is made here: every task would make one; rank 0's tracking makes the job's (as under any launcher)."""
+
+    name = "slurm"
+
+    def __init__(self, np_given: int | None = None) -> None:
+        super().__init__(np_given=np_given)
+
+    def placement(self, cfg: Config) -> int:
+        return check_step(self.where["np_given"], mpi_built(), speaks=mpi_speaks())
+
+    def job_run(self, cfg: Config, continue_run: str | None = None) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def start(self, cfg: Config, placed: int, how: Start) -> list:
+        from hvdsync.launch import worker
+        from hvdsync.launch.quiet import quiet_imports
+
+        cfg = cfg.replace(train={"np": placed})
+        # The MPI controller, even where a Gloo rendezvous left variables behind in the environment.
+        os.environ["HOROVOD_CONTROLLER"] = "mpi"
+        quiet_imports()
+        return [worker.adapter(cfg).fit(cfg)]
+
+    def result(self, results: list):
+        return results[0]  # this task's FitResult, as the adapter made it
+
+
 def train_in_step(cfg: Config, np_given: int | None):
     """Check the step, then train as this task's rank; returns this rank's FitResult (the caller prints rank 0's).
+    ``SlurmStep(np_given).train(cfg)`` is the same.
 
     A ConfigError from the checks is raised in every task; the caller prints it from task 0 only."""
-    from hvdsync.launch import base, local, worker
-
-    local.preflight(cfg)
-    tasks = check_step(np_given, base.mpi_built(), speaks=mpi_speaks())
-    cfg = cfg.replace(train={"np": tasks})
-    # The MPI controller, even where a Gloo rendezvous left variables behind in the environment.
-    os.environ["HOROVOD_CONTROLLER"] = "mpi"
-    from hvdsync.launch.quiet import quiet_imports
-
-    quiet_imports()
-    return worker.adapter(cfg).fit(cfg)
+    return SlurmStep(np_given).train(cfg)
