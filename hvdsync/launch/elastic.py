@@ -39,10 +39,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -52,12 +50,16 @@ from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import hosts as host_lists
 from hvdsync.launch import reach, worker
+from hvdsync.launch.base import DriverLog, Start, WorkerError, environ, lost_hosts, raise_clear
+from hvdsync.launch.elastic_job import GLOO_TIMEOUT_S, ElasticLauncher
 from hvdsync.launch.hosts import Host
-from hvdsync.launch.base import DriverLog, WorkerError, lost_hosts, raise_clear
-from hvdsync.launch.local import environ, job_run, preflight, run
+from hvdsync.launch.moved import moved
+from hvdsync.launch.runner import run
 
 DISCOVERY = "discover_hosts.sh"
-GLOO_TIMEOUT_S = 180  # see run_elastic
+# The elastic bookkeeping every elastic launcher shares moved below the launchers (issue 50's launcher template).
+__getattr__ = moved(__name__, {name: "hvdsync.launch.elastic_job"
+                               for name in ("checkpoint_job", "job_env", "resumed_run", "reset_tags")})
 # Added to the ssh command Horovod starts remote workers with (see _ssh_options): a host that vanishes without a word
 # (power, cable, kernel panic: no FIN ever reaches the driver) leaves its workers' ssh clients waiting until TCP
 # keepalive (two hours by default), and the driver re-forms the ring only once every slot of the old one has reported
@@ -251,7 +253,6 @@ def run_elastic(fn: Callable, args: tuple, elastic, np: int, run_dir: str | Path
 def _echo_reports(log: Path) -> None:
     """Show the workers' one-line reports (resets, skipped checkpoints, a fresh start) in this terminal: in quiet
     mode the rest of their output stays in the log."""
-    import sys
 
     seen = set()
     with contextlib.suppress(OSError):
@@ -284,100 +285,32 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
         ...       network_interfaces=["eth0"])
         >>> train(cfg, callbacks=[SampleLedger()]).reads                                       # doctest: +SKIP
     """
-    from hvdsync.core.elastic.loop import ElasticResult
+    _, callbacks = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.elastic.train")
+    launcher = ElasticHosts(hosts=hosts, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
+                            network_interfaces=network_interfaces)
+    return launcher.train(cfg, quiet=quiet, progress=progress, log_dir=log_dir, callbacks=callbacks)
 
-    args = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.elastic.train")
-    preflight(cfg)
-    own = log_dir is None
-    run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-elastic-"))
-    lost: list[dict] = []
-    try:
+
+class ElasticHosts(ElasticLauncher):
+    """An elastic job under Horovod's elastic driver and the discovery script of :func:`write_discovery`: on this
+    machine, or on ``hosts`` over ssh (``ssh_port``, ``ssh_identity_file``, ``network_interfaces``: see
+    :func:`run_elastic`). Its run folder is ``log_dir`` or a temporary one, kept when the job fails."""
+
+    name = "elastic"
+
+    def __init__(self, hosts=None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
+                 network_interfaces: list[str] | None = None) -> None:
+        super().__init__(hosts=hosts, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
+                         network_interfaces=network_interfaces)
+
+    def placement(self, cfg: Config) -> tuple[list[Host], dict]:
         # Checked before the job's run is made: a bad host list is one line, not a FAILED run.
-        placed = placement(cfg.elastic, cfg.train.np, hosts, ssh_port, ssh_identity_file, network_interfaces)
-        first = placed[0]
-        chosen = checkpoint_job(cfg)  # whose checkpoints: refused here, in one line, before any worker starts
-        if chosen is not None and chosen.resumed is not None:
-            print(f"hvdsync: {chosen.line()}", file=sys.stderr, flush=True)
-        run_id = chosen.resumed.run_id if chosen is not None and chosen.resumed is not None else None
-        with job_run(cfg, "elastic", run_id if cfg.tracking.enabled else None) as job:
-            try:
-                results = run_elastic(worker.fit_elastic, args, cfg.elastic, cfg.train.np,
-                                      run_dir, hosts=hosts, sync=cfg.sync, quiet=quiet, env=job_env(chosen),
-                                      progress=progress, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
-                                      network_interfaces=network_interfaces, lost=lost, placed=placed)
-            except WorkerError:
-                if job is not None:
-                    job.end("FAILED", reset_tags(cfg.train.np, [], lost, first))
-                raise
-            if job is not None:
-                job.end("FINISHED", reset_tags(cfg.train.np, results[0].get("resets", []), lost, first))
-    except ConfigError:  # stopped before anything started: nothing in our folder worth keeping
-        if own:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    if own:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return ElasticResult(**results[0])
+        return placement(cfg.elastic, cfg.train.np, **self.where)
 
+    def start(self, cfg: Config, placed: tuple[list[Host], dict], how: Start) -> list:
+        return run_elastic(worker.fit_elastic, (cfg.to_dict(), how.callbacks), cfg.elastic, cfg.train.np,
+                           how.run_dir, sync=cfg.sync, quiet=how.quiet, env=how.env, progress=how.progress,
+                           placed=placed, **self.where)
 
-def checkpoint_job(cfg: Config):
-    """Which job writes into ``elastic.checkpoint_dir`` (:func:`hvdsync.core.elastic.jobs.claim`): a
-    :class:`~hvdsync.core.elastic.jobs.Claim`, or None without a checkpoint folder. A folder that holds another job's
-    checkpoints (for a new job), or no job this one may continue (for ``--resume``), is one :class:`ConfigError`
-    line, raised before any worker starts."""
-    if not cfg.elastic.checkpoint_dir:
-        return None
-    from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore
-    from hvdsync.core.elastic.jobs import claim, job_config
-
-    try:
-        return claim(CheckpointStore(cfg.elastic.checkpoint_dir, report=lambda line: None),
-                     job_config(cfg.flat()), cfg.elastic.resume)
-    except CheckpointError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def job_env(chosen) -> dict[str, str]:
-    """The workers' environment for a :func:`checkpoint_job` decision: the job they write as and, when resuming,
-    the job whose checkpoint rank 0 loads."""
-    from hvdsync.core.elastic.jobs import JOB_ID_ENV, RESUME_JOB_ENV
-
-    if chosen is None:
-        return {}
-    env = {JOB_ID_ENV: chosen.job_id}
-    if chosen.resumed is not None:
-        env[RESUME_JOB_ENV] = chosen.resumed.id
-    return env
-
-
-def resumed_run(cfg: Config) -> str | None:
-    """The MLflow run a resumed job goes on with: the one the checkpoint of the job it continues names (the workers
-    load that job's checkpoint); None for a fresh job or a checkpoint without one. One run per job, however often it
-    resumes: its metrics go on by step, and its tags count the resumes (:func:`hvdsync.core.telemetry.jobrun.begin`)."""
-    if not (cfg.elastic.resume and cfg.elastic.checkpoint_dir and cfg.tracking.enabled):
-        return None
-    try:
-        chosen = checkpoint_job(cfg)
-    except ConfigError:
-        return None
-    return chosen.resumed.run_id if chosen is not None and chosen.resumed is not None else None
-
-
-def reset_tags(np: int, resets: list[dict], lost: list[dict], hosts: list[Host] | None) -> dict[str, str]:
-    """The tags that record an elastic job's resets in its run: the world sizes in order, each reset (when, why,
-    the sizes, the recovery time) and each host Horovod excluded after its workers failed, with when."""
-    import time
-
-    def when(t: float) -> str:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-    tags = {"hvdsync.world_sizes": ",".join(str(n) for n in [np, *(e["size_after"] for e in resets)]),
-            "hvdsync.resets": str(len(resets))}
-    for i, e in enumerate(resets, 1):
-        tags[f"hvdsync.reset.{i}"] = (f"{when(e['time'])}: {e['reason']}, {e['size_before']} -> {e['size_after']} "
-                                      f"workers, recovered in {e['recovery_seconds']:.2f}s (step {e['step']})")
-    if lost:
-        tags["hvdsync.lost_hosts"] = ", ".join(f"{x['host']} at {when(x['time'])}" for x in lost)
-    if hosts:
-        tags["hvdsync.first_hosts"] = host_lists.to_horovod(hosts)
-    return tags
+    def first_hosts(self, placed: tuple[list[Host], dict]) -> list[Host]:
+        return placed[0]

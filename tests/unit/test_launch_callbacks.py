@@ -17,6 +17,7 @@ from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.ledger import SampleLedger
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
 from hvdsync.core.train.callbacks import Callback
+from hvdsync.launch import base
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.launch import ray as ray_launch
 from hvdsync.launch import worker
@@ -52,7 +53,7 @@ def shipped_elastic(monkeypatch, tmp_path):
         seen.update(fn=fn, args=args)
         raise _Shipped
 
-    monkeypatch.setattr(elastic_launch, "preflight", lambda cfg: None)   # no Horovod build check here
+    monkeypatch.setattr(base, "preflight", lambda cfg: None)   # no Horovod build check here
     monkeypatch.setattr(elastic_launch, "run_elastic", run_elastic)
 
     def train(cfg, **kwargs):
