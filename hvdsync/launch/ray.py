@@ -41,14 +41,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
-from hvdsync.core.train.callbacks import Callback, FitResult
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train.runtime import ELASTIC_UNSAFE_KNOBS
 from hvdsync.launch import worker
 from hvdsync.launch.ray_cluster import (alive_nodes, check_capacity, connected, node_names, require_ray,
                                       resolve_address)
-from hvdsync.launch.base import DriverLog, WorkerError, follow_progress, lost_hosts, raise_clear
-from hvdsync.launch.local import QUIET_ENV, preflight
+from hvdsync.launch import base
+from hvdsync.launch.base import QUIET_ENV, DriverLog, Launcher, Start, WorkerError, follow_progress, raise_clear
+from hvdsync.launch.elastic_job import GLOO_TIMEOUT_S, ElasticLauncher
 
 # Set by Horovod's Ray adapters in each worker (rank, host, rendezvous): never forwarded from this process.
 _PER_WORKER = {"HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
@@ -214,8 +215,6 @@ def run_elastic(fn: Callable, args: tuple, elastic, run_dir: str | Path, address
     node sees (pids, errors, progress), as ``elastic.checkpoint_dir``. Other arguments: :func:`run` and
     :func:`hvdsync.launch.elastic.run_elastic`.
     """
-    from hvdsync.launch.elastic import GLOO_TIMEOUT_S
-
     ray = require_ray()
     address = resolve_address(address)
     import cloudpickle
@@ -285,65 +284,76 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
     if callbacks and not cfg.elastic.enabled:
         raise ConfigError("callbacks=: taken by elastic jobs (elastic.enabled); name a job's callbacks in "
                           "train.callbacks (hvdsync.registry.register_callback)")
-    args = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.ray.train")
-    preflight(cfg)
-    ray = require_ray()  # one line before the job's run is made, where Ray is missing
-    address = resolve_address(address)
-    # Connected once, here, before the job's MLflow run is made: an address where no head answers, a cluster that
-    # refuses this process's token and a cluster too small for the job are each one line, not a FAILED run.
-    # run() and run_elastic() go on with this connection.
-    with connected(ray, address, quiet):
-        if cfg.elastic.enabled:
-            check_capacity(ray, address, cfg.elastic.min_np, cpus_per_worker, gpus_per_worker, field="elastic.min_np")
-        else:
-            check_capacity(ray, address, cfg.train.np, cpus_per_worker, gpus_per_worker)
-        return _train_connected(cfg, address, quiet, progress, log_dir, cpus_per_worker, gpus_per_worker,
-                                network_interfaces, args, env)
+    _, shipped = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.ray.train")
+    launcher = (RayElastic if cfg.elastic.enabled else RayLauncher)(
+        address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+        network_interfaces=network_interfaces, env=env)
+    return launcher.train(cfg, quiet=quiet, progress=progress, log_dir=log_dir,
+                          callbacks=shipped if cfg.elastic.enabled else ())
 
 
-def _train_connected(cfg: Config, address: str, quiet: bool, progress: bool, log_dir: str | Path | None,
-                     cpus_per_worker: float, gpus_per_worker: float, network_interfaces: list[str] | None,
-                     elastic_args: tuple, env: dict[str, str] | None):
-    from hvdsync.launch.local import job_run
+class _OnRay:
+    """Where both Ray launchers place the workers: Ray checked and the address resolved before anything else (one
+    line where Ray is missing), then one connection, made before the job's MLflow run, held for the job: an address
+    where no head answers, a cluster that refuses this process's token and a cluster too small for the job are each
+    one line, not a FAILED run; :func:`run` and :func:`run_elastic` go on with that connection."""
 
-    if not cfg.elastic.enabled:
-        # One MLflow run per job, made here before any worker starts; its id reaches the workers with the other
-        # HVDSYNC_ variables (_worker_env).
-        with job_run(cfg, "ray"):
-            results = run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, address=address, sync=cfg.sync,
-                          quiet=quiet, progress=progress, log_dir=log_dir, cpus_per_worker=cpus_per_worker,
-                          gpus_per_worker=gpus_per_worker, network_interfaces=network_interfaces, env=env)
-        return FitResult(**results[0])
-    from hvdsync.core.elastic.loop import ElasticResult
-    from hvdsync.launch.elastic import checkpoint_job, job_env, reset_tags
+    def __init__(self, address: str | None = "auto", cpus_per_worker: float = 1, gpus_per_worker: float = 0,
+                 network_interfaces: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        super().__init__(address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                         network_interfaces=network_interfaces, env=env)
 
-    # Whose checkpoints: another job's folder is refused in one line before any worker starts, as on Gloo.
-    chosen = checkpoint_job(cfg)
-    resumed = chosen.resumed if chosen is not None else None
-    if resumed is not None:
-        print(f"hvdsync: {chosen.line()}", file=sys.stderr, flush=True)
-    env = {**(env or {}), **job_env(chosen)}
-    run_dir = Path(log_dir or tempfile.mkdtemp(prefix="hvdsync-ray-elastic-"))
-    lost: list[dict] = []
-    try:
-        with job_run(cfg, "ray", resumed.run_id if resumed is not None and cfg.tracking.enabled else None) as job:
-            try:
-                with lost_hosts(lost):
-                    results = run_elastic(worker.fit_elastic, elastic_args, cfg.elastic, run_dir,
-                                          address=address, cpus_per_worker=cpus_per_worker,
-                                          gpus_per_worker=gpus_per_worker, sync=cfg.sync, quiet=quiet,
-                                          progress=progress, network_interfaces=network_interfaces, env=env)
-            except WorkerError:
-                if job is not None:
-                    job.end("FAILED", reset_tags(cfg.elastic.min_np, [], lost, None))
-                raise
-            first = next(r for r in results if r.get("rank") == 0)
-            if job is not None:
-                # The world it started with: the first reset's size before it (else the size it ended with).
-                start = first["resets"][0]["size_before"] if first.get("resets") else first["world_size"]
-                job.end("FINISHED", reset_tags(start, first.get("resets", []), lost, None))
-    finally:
-        if log_dir is None:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    # Results come back by the rank each worker started with; after resets rank 0 is the one that says so.
-    return ElasticResult(**next(r for r in results if r.get("rank") == 0))
+    def preflight(self, cfg: Config) -> None:
+        base.preflight(cfg)
+        self.ray = require_ray()
+        self.where["address"] = resolve_address(self.where["address"])
+
+    def connection(self, cfg: Config, how: Start):
+        return connected(self.ray, self.where["address"], how.quiet)
+
+    def _where(self) -> dict:
+        return {k: self.where[k] for k in ("address", "cpus_per_worker", "gpus_per_worker", "network_interfaces")}
+
+
+class RayLauncher(_OnRay, Launcher):
+    """A fixed job of ``cfg.train.np`` workers on a Ray cluster (Horovod's ``RayExecutor``)."""
+
+    name = "ray"
+
+    def placement(self, cfg: Config) -> None:
+        w = self.where
+        check_capacity(self.ray, w["address"], cfg.train.np, w["cpus_per_worker"], w["gpus_per_worker"])
+
+    def start(self, cfg: Config, placed: None, how: Start) -> list:
+        # The job's MLflow run id reaches the workers with the other HVDSYNC_ variables (_worker_env).
+        return run(worker.fit, args=(cfg.to_dict(),), np=cfg.train.np, sync=cfg.sync, quiet=how.quiet,
+                   progress=how.progress, log_dir=how.log_dir, env=self.where["env"], **self._where())
+
+
+class RayElastic(_OnRay, ElasticLauncher):
+    """An elastic job on a Ray cluster (Horovod's elastic ``RayExecutor``): ``elastic.min_np`` to ``elastic.max_np``
+    workers, ``train.np`` unused. Its temporary run folder goes in any case (the workers' output is in Ray's logs)."""
+
+    name = "ray"
+    run_dir_prefix = "hvdsync-ray-elastic-"
+    keep_failed_run_dir = False
+
+    def placement(self, cfg: Config) -> None:
+        w = self.where
+        check_capacity(self.ray, w["address"], cfg.elastic.min_np, w["cpus_per_worker"], w["gpus_per_worker"],
+                       field="elastic.min_np")
+
+    def start(self, cfg: Config, placed: None, how: Start) -> list:
+        return run_elastic(worker.fit_elastic, (cfg.to_dict(), how.callbacks), cfg.elastic, how.run_dir,
+                           sync=cfg.sync, quiet=how.quiet, progress=how.progress,
+                           env={**(self.where["env"] or {}), **how.env}, **self._where())
+
+    def rank0(self, results: list) -> dict:
+        # Results come back by the rank each worker started with; after resets rank 0 is the one that says so.
+        return next(r for r in results if r.get("rank") == 0)
+
+    def world_at_start(self, cfg: Config, rank0: dict | None) -> int:
+        if rank0 is None:
+            return cfg.elastic.min_np
+        # The world it started with: the first reset's size before it (else the size it ended with).
+        return rank0["resets"][0]["size_before"] if rank0.get("resets") else rank0["world_size"]

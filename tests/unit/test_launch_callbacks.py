@@ -70,16 +70,16 @@ def shipped_ray(monkeypatch):
     arguments it would ship to ``worker.fit_elastic``."""
     seen = {}
 
-    def train_connected(cfg, address, quiet, progress, log_dir, cpus, gpus, interfaces, elastic_args, env):
-        seen["args"] = elastic_args
+    def run_elastic(fn, args, *rest, **kwargs):
+        seen["args"] = args
         raise _Shipped
 
-    monkeypatch.setattr(ray_launch, "preflight", lambda cfg: None)
+    monkeypatch.setattr(base, "preflight", lambda cfg: None)
     monkeypatch.setattr(ray_launch, "require_ray", lambda: None)
     monkeypatch.setattr(ray_launch, "resolve_address", lambda address: address)
     monkeypatch.setattr(ray_launch, "connected", lambda ray, address, quiet: contextlib.nullcontext())
     monkeypatch.setattr(ray_launch, "check_capacity", lambda *args, **kwargs: None)
-    monkeypatch.setattr(ray_launch, "_train_connected", train_connected)
+    monkeypatch.setattr(ray_launch, "run_elastic", run_elastic)
 
     def train(cfg, **kwargs):
         with pytest.raises(_Shipped):

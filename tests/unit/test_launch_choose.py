@@ -12,7 +12,7 @@ import pytest
 
 from hvdsync import launch
 from hvdsync.config import Config, ConfigError
-from hvdsync.launch import cli, elastic, local, slurm
+from hvdsync.launch import base, cli, elastic, local, slurm
 from hvdsync.launch import ray as ray_launch
 from hvdsync.launch.hosts import Host
 
@@ -132,7 +132,7 @@ def test_the_cli_in_an_srun_step_reports_from_task_0_only(launched, monkeypatch,
 
 def test_ray_missing_is_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)                 # `import ray` raises ImportError
-    monkeypatch.setattr(ray_launch, "preflight", lambda cfg: None)  # whatever Horovod this machine has
+    monkeypatch.setattr(base, "preflight", lambda cfg: None)  # whatever Horovod this machine has
     for name in STEP:
         monkeypatch.delenv(name, raising=False)
     assert cli.main(["train", "--no-track", "--ray", "auto"]) == 2
