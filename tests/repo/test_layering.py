@@ -285,3 +285,50 @@ def test_the_private_import_scan_sees_one(tmp_path):
     bad.write_text("def f():\n    from hvdsync.launch.local import _follow, run\n"
                    "from hvdsync.launch.ray import _mine\n")
     assert list(_private_imports(bad, "hvdsync.launch", tmp_path)) == ["hvdsync.launch.local._follow"]
+
+
+# -- one launcher template (issue 50) ------------------------------------------------------------------------------
+# Each launcher is a subclass of hvdsync.launch.base.Launcher in a module of its own; what two of them share lives in
+# base.py or a module below the launchers (runner.py, elastic_job.py), never in one launcher imported by another.
+
+def _launcher_modules(root: pathlib.Path = ROOT) -> set[str]:
+    """The modules of hvdsync.launch that define a launcher: a class with a ``start`` hook."""
+    found = set()
+    for path in (root / "hvdsync" / "launch").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.bases and any(
+                    isinstance(f, ast.FunctionDef) and f.name == "start" for f in node.body):
+                found.add(_module_name(path, root))
+    return found
+
+
+def _sideways(root: pathlib.Path = ROOT) -> list[tuple[str, str]]:
+    """(launcher module, other launcher module it imports), counting imports inside functions."""
+    launchers = _launcher_modules(root)
+    graph = _import_graph("hvdsync", root)
+    return sorted((m, t) for m in launchers for t in graph[m] if t in launchers)
+
+
+def test_no_launcher_imports_another_launcher():
+    assert _launcher_modules() == {"hvdsync.launch.local", "hvdsync.launch.elastic", "hvdsync.launch.ray",
+                                   "hvdsync.launch.slurm"}
+    assert _sideways() == []
+    # What they share sits below all of them: the template and the elastic bookkeeping import no launcher.
+    graph = _import_graph("hvdsync")
+    below = ("hvdsync.launch.base", "hvdsync.launch.runner", "hvdsync.launch.elastic_job")
+    assert [(m, t) for m in below for t in graph[m] if t in _launcher_modules()] == []
+
+
+def test_the_sideways_scan_sees_a_launcher_importing_another_inside_a_function(tmp_path):
+    pkg = tmp_path / "hvdsync" / "launch"
+    pkg.mkdir(parents=True)
+    for init in (tmp_path / "hvdsync" / "__init__.py", pkg / "__init__.py"):
+        init.write_text("")
+    (pkg / "base.py").write_text("class Launcher:\n    def start(self):\n        pass\n")
+    (pkg / "local.py").write_text("from hvdsync.launch.base import Launcher\n"
+                                  "class LocalLauncher(Launcher):\n    def start(self):\n        pass\n")
+    (pkg / "elastic.py").write_text("from hvdsync.launch.base import Launcher\n"
+                                    "class ElasticHosts(Launcher):\n    def start(self):\n"
+                                    "        from hvdsync.launch.local import run\n        return run\n")
+    assert _launcher_modules(tmp_path) == {"hvdsync.launch.local", "hvdsync.launch.elastic"}  # base: no bases
+    assert _sideways(tmp_path) == [("hvdsync.launch.elastic", "hvdsync.launch.local")]
