@@ -50,6 +50,13 @@ docs-check: docs
 	HVDSYNC_VENV=$(VENV) bash scripts/install_docs_deps.sh --browser
 	$(PY) -m scripts.docs.check
 
+# tracking-check: two runs and a sweep in a fresh store, MLflow's UI through `hvdsync runs ui`, opened in headless
+# chromium (scripts/tracking_check.py); screenshots in docs/measurements/tracking. Opt-in, not part of `make test`.
+.PHONY: tracking-check
+tracking-check: install
+	HVDSYNC_VENV=$(VENV) bash scripts/install_docs_deps.sh --browser
+	$(PY) -m scripts.tracking_check
+
 clean-horovod-cache:
 	rm -rf "$${HVDSYNC_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/hvdsync}/horovod"
 

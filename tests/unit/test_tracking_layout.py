@@ -5,6 +5,8 @@ variables the record keeps."""
 import getpass
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -110,7 +112,7 @@ def test_runs_are_named_and_tagged_for_what_ran_and_their_experiment_opens_on_ru
             "hvdsync.mode": "allreduce", "hvdsync.accumulate": "2", "hvdsync.elastic": "false"}
         assert run.info.run_name == f"torch x2 1host {compression} allreduce acc2"
         assert tags["mlflow.user"] == getpass.getuser() and tags["mlflow.source.type"] == "LOCAL"
-        assert tags["mlflow.source.name"]
+        assert tags["mlflow.source.name"] == Path(sys.argv[0]).name          # the program MLflow's UI shows
     # The data set as an MLflow dataset input: the same data settings, the same digest.
     inputs = [client.get_run(ids[k]).inputs.dataset_inputs for k in "AB"]
     assert [[(i.dataset.name, i.dataset.source_type) for i in x] for x in inputs] == [[("digits", "hvdsync")]] * 2

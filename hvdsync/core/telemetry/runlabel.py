@@ -74,9 +74,15 @@ def source_tags() -> dict[str, str]:
         tags["mlflow.user"] = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container): MLflow shows "-" as before
         pass
+    # The program and its subcommand (``hvdsync train``, ``train.py``): MLflow's UI shows the last path component of
+    # the source, so a whole command line would show as the tail of its last path. The record has the command line.
     argv = command_line()
     if argv:
-        tags["mlflow.source.name"] = " ".join([Path(argv[0]).name, *argv[1:]])[:500]
+        path = Path(argv[0])
+        program = path.name
+        if program == "hvdsync" or path.parts[-3:] == ("hvdsync", "launch", "cli.py"):
+            program = " ".join(["hvdsync", *[a for a in argv[1:] if not a.startswith("-")][:1]])
+        tags["mlflow.source.name"] = program
     git = git_commit()
     if git:
         tags["mlflow.source.git.commit"] = git["commit"]
