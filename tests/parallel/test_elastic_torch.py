@@ -79,7 +79,12 @@ def test_the_resets_are_in_the_mlflow_run(shrink_and_grow):
     recovery = client.get_metric_history(result.run_id, "elastic_recovery_seconds")
     assert [(m.step, m.value) for m in sizes] == [(e["step"], e["size_after"]) for e in result.resets]
     assert [m.value for m in recovery] == pytest.approx([e["recovery_seconds"] for e in result.resets])
-    assert client.get_run(result.run_id).info.status == "FINISHED"
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    # Named and tagged for what ran, through the resets: the size it started at, elastic (telemetry.runlabel).
+    tags = run.data.tags
+    assert (tags["framework"], tags["hvdsync.np"], tags["hvdsync.elastic"]) == ("torch", "2", "true")
+    assert run.info.run_name.startswith("torch x2 ") and run.info.run_name.endswith(" elastic"), run.info.run_name
 
 
 # ---- a lost job, resumed from disk --------------------------------------------------------------------------------
