@@ -364,9 +364,7 @@ class Launcher:
             callbacks: :class:`~hvdsync.core.train.callbacks.Callback` instances for every worker's loop (each
                 worker its own pickled copy); elastic jobs only, a fixed job runs those named in ``train.callbacks``.
         """
-        if callbacks and not self.takes_callbacks(cfg):
-            raise ConfigError("callbacks=: taken by elastic jobs (elastic.enabled); name a job's callbacks in "
-                              "train.callbacks (hvdsync.registry.register_callback)")
+        self.check_callbacks(cfg, callbacks)
         self.preflight(cfg)
         how = Start(quiet, progress, log_dir, tuple(callbacks))
         with self.connection(cfg, how):
@@ -377,6 +375,12 @@ class Launcher:
     def takes_callbacks(self, cfg: Config) -> bool:
         """Whether ``callbacks=`` reach the workers: an elastic job's do (a fixed job runs ``train.callbacks``)."""
         return cfg.elastic.enabled
+
+    def check_callbacks(self, cfg: Config, callbacks: Sequence[Callback]) -> None:
+        """Refuse ``callbacks=`` in one line where they would not reach the workers."""
+        if callbacks and not self.takes_callbacks(cfg):
+            raise ConfigError("callbacks=: taken by elastic jobs (elastic.enabled); name a job's callbacks in "
+                              "train.callbacks (hvdsync.registry.register_callback)")
 
     def preflight(self, cfg: Config) -> None:
         """What needs no worker and no cluster: Horovod's build (:func:`preflight`)."""

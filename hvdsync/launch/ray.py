@@ -281,13 +281,11 @@ def train(cfg: Config, address: str | None = "auto", quiet: bool = True, progres
     if where:
         raise ConfigError(f"{'/'.join('--' + k.replace('_', '-') for k in where)}: not used with --ray; Ray places "
                           "the workers on its nodes")
-    if callbacks and not cfg.elastic.enabled:
-        raise ConfigError("callbacks=: taken by elastic jobs (elastic.enabled); name a job's callbacks in "
-                          "train.callbacks (hvdsync.registry.register_callback)")
-    _, shipped = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.ray.train")
     launcher = (RayElastic if cfg.elastic.enabled else RayLauncher)(
         address=address, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
         network_interfaces=network_interfaces, env=env)
+    launcher.check_callbacks(cfg, callbacks)  # before record_reads' warning: a refused call warns about nothing
+    _, shipped = worker.fit_elastic_args(cfg, callbacks, record_reads, "hvdsync.launch.ray.train")
     return launcher.train(cfg, quiet=quiet, progress=progress, log_dir=log_dir,
                           callbacks=shipped if cfg.elastic.enabled else ())
 
