@@ -39,13 +39,20 @@ def test_concurrent_senders_open_a_fresh_sqlite_store(tmp_path):
     assert client.get_experiment_by_name("Default") is not None
 
 
-def _kill_during_migration(code: str, uri: str, after: float = 1.0) -> bool:
+def _kill_during_migration(code: str, uri: str, after: float = 1.0, started=None) -> bool:
     """Run ``code`` (which opens ``uri``, a new store) and SIGKILL it ``after`` seconds into MLflow's migrations
-    (from its "Updating database tables" line; they take a second or a few here); False where it had ended first."""
-    proc = subprocess.Popen([sys.executable, "-c", code, uri], stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "Updating database tables" in line:
-            break
+    (from its "Updating database tables" line; they take a second or a few here), or, given ``started``, from when
+    ``started()`` first holds (hvdsync's own creation keeps MLflow's INFO lines quiet); False where it had ended
+    first."""
+    proc = subprocess.Popen([sys.executable, "-c", code, uri], text=True,
+                            stderr=subprocess.PIPE if started is None else subprocess.DEVNULL)
+    if started is None:
+        for line in proc.stderr:
+            if "Updating database tables" in line:
+                break
+    else:
+        while proc.poll() is None and not started():
+            time.sleep(0.005)
     time.sleep(after)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -130,11 +137,13 @@ def test_a_half_created_store_without_runs_is_created_again(half_migrated, tmp_p
 
 def test_a_kill_during_hvdsyncs_creation_leaves_no_store_and_the_next_call_makes_it(tmp_path):
     uri = f"sqlite:///{tmp_path / 'new.db'}"
-    # The migration after MLflow's "Updating database tables" line takes about a second here, less on a faster or
-    # idler machine: a kill that comes after hvdsync has moved the finished store into place tests nothing, so the
-    # kill comes sooner until it lands inside the creation (a temporary store is left).
+    # The migration takes about a second here, less on a faster or idler machine: a kill that comes after hvdsync
+    # has moved the finished store into place tests nothing, so the kill comes sooner until it lands inside the
+    # creation (a temporary store is left).
     for after in (0.8, 0.4, 0.1, 0.0):
-        killed = _kill_during_migration(HVDSYNC_PREPARE, uri, after)
+        # From the moment hvdsync's temporary store appears (its migrations start in it).
+        killed = _kill_during_migration(HVDSYNC_PREPARE, uri, after,
+                                        started=lambda: any(tmp_path.glob(".new.db.hvdsync-new-*")))
         if killed and list(tmp_path.glob(".new.db.hvdsync-new-*")):
             break
         (tmp_path / "new.db").unlink(missing_ok=True)     # finished before the kill: try again, sooner

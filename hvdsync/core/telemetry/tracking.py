@@ -131,7 +131,9 @@ class MLflowTracker(Tracker):
         self.spool.hold_lock()
         self.spool_path = self.spool.path
         tags = {**(tags or {}), **({"mlflow.parentRunId": self._parent} if self._parent else {})}
-        tags.update({**runlabel.source_tags(), **self._name_and_facts(params)})
+        # The framework the caller names (a user's own loop has no train.framework param) says what ran too.
+        tags.update({**runlabel.source_tags(), **self._name_and_facts(
+            {**({"train.framework": tags["framework"]} if tags.get("framework") else {}), **params})})
         # The spool's name as a tag makes creating the run idempotent: a create_run whose answer was lost (timed
         # out, server died) is found again instead of creating a second run.
         tags["hvdsync.spool"] = self.spool.path.stem
@@ -164,7 +166,8 @@ class MLflowTracker(Tracker):
     def _name_and_facts(self, params: dict[str, Any]) -> dict[str, str]:
         """The facts tags of ``params`` and, unless the config names the run, the name that says them."""
         self._facts.update(runlabel.facts(params))
-        return {**self._facts, **({} if self._run_name else {"mlflow.runName": runlabel.run_name(self._facts)})}
+        name = "" if self._run_name else runlabel.run_name(self._facts)
+        return {**self._facts, **({"mlflow.runName": name} if name else {})}
 
     def log_params(self, params: dict[str, Any]) -> None:
         if "hosts.count" in params and self.spool is not None:  # placement is known once every rank named its host
