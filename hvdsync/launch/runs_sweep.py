@@ -141,6 +141,7 @@ def _summarise(client, parent: str, combos: list[list[str]], results: list[dict 
         if not res or not res.get("run_id"):
             continue
         figures = runs_compare.figures(client, client.get_run(res["run_id"]))
+        res["figures"] = figures  # the sweep's table shows the same figures as runs compare
         for key in ("test_accuracy", "samples_per_second"):
             if figures.get(key) is not None:
                 metrics.append(Metric(f"child.{n}.{key}", float(figures[key]), now, 0))
@@ -163,8 +164,9 @@ def _cmd_sweep(ns, base: Config) -> int:
     out = sweep(base, ns.sweeps, quiet=not ns.verbose)
     rows = [["overrides", "test accuracy", "samples/s", "run id"]]
     for combo, res in out["children"]:
-        rows.append([" ".join(combo), f"{res['test_accuracy']:.4f}", f"{res['samples_per_second']:.0f}",
-                     res.get("run_id") or "-"])
+        # The run's whole-run figure after warm-up (as runs compare shows it); without a run, the job's own.
+        speed = (res.get("figures") or {}).get("samples_per_second") or res["samples_per_second"]
+        rows.append([" ".join(combo), f"{res['test_accuracy']:.4f}", f"{speed:.0f}", res.get("run_id") or "-"])
     print(_table(rows))
     if out.get("best"):
         print(f"best: {' '.join(out['best']['overrides'])} (test accuracy {out['best']['test_accuracy']:.4f}, run "

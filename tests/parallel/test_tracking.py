@@ -278,7 +278,9 @@ def test_sweep_makes_child_runs_and_compare_lists_exactly_the_differing_param(se
     argv = ["sweep", "--set", "sync.compression=none,fp16", "--set", "sync.accumulate=1,4", "--epochs", "1",
             "--tracking-uri", server.uri, "--experiment", "sweep", "--set", f"tracking.spool_dir={tmp_path}",
             "--set", "tracking.system_metrics=false"]
+    capsys.readouterr()
     assert cli.main(argv) == 0
+    table = capsys.readouterr().out
     client = mlflow.MlflowClient(server.uri)
     exp = client.get_experiment_by_name("sweep").experiment_id
     parents = [r for r in client.search_runs([exp]) if "mlflow.parentRunId" not in r.data.tags]
@@ -288,6 +290,9 @@ def test_sweep_makes_child_runs_and_compare_lists_exactly_the_differing_param(se
     assert pairs == [("fp16", "1"), ("fp16", "4"), ("none", "1"), ("none", "4")]
     by = {(c.data.params["sync.compression"], c.data.params["sync.accumulate"]): c.info.run_id for c in children}
     parent = parents[0]
+    for c in children:                     # the sweep's table shows each child's whole-run samples/s, as compare does
+        line = next(x for x in table.splitlines() if c.info.run_id in x)
+        assert f"{c.data.metrics['Key/samples_per_second']:.0f}" in line.split(), (line, c.data.metrics)
     # Children named for their axes first, tagged with the sweep as their job and launcher; the parent holds the
     # axes, each child's key figures and the best child.
     for c in children:
