@@ -13,7 +13,8 @@ published figures and how far this machine can follow). Per model, rate and code
    row's ``compute_to_comm`` is it over the ring time of the gradient at the link's rate (2 (n - 1) / n x bytes /
    rate; at ``none`` the rate one TCP stream measured), with the published GPU figures' beside it;
 2. DDP tuned: ``gradient_as_bucket_view=True``, ``static_graph=True``, and ``bucket_cap_mb`` 1, 25 and 100 each
-   timed; the fastest is used for the comparison and all three are reported;
+   timed twice (1, 25, 100, 100, 25, 1 in one job); the fastest is used for the comparison and all three are
+   reported;
 3. hvdsync (its adapter API in a loop of the user's, :func:`~hvdlab.bench.models_step.hvdsync_worker`) and DDP, each
    run a fresh job, in the order of :func:`hvdlab.bench.protocol.schedule` (ABBA within every repeat by default,
    ``--order random`` with ``--seed``), ``--repeats`` times (10 by default). Every step is timed whole on both
@@ -216,7 +217,9 @@ def point(place: Local, framework: str, model: str, rate: str, link_bits: float 
     placements: dict[str, list] = {"hvdsync": [], peer: []}
     tuned: dict = {}
     if peer == "ddp":
-        tuning = run_ddp(place, work, BUCKETS_MB, threads, env)
+        # Each size twice, in ABBA order (1, 25, 100, 100, 25, 1): one pass each picked 1 MB in one trial and
+        # 100 MB in the next on this shared machine.
+        tuning = run_ddp(place, work, BUCKETS_MB + BUCKETS_MB[::-1], threads, env)
         by_cap = {cap: mean(ts) for cap, ts in tuning["by_cap"].items()}
         best = min(by_cap, key=by_cap.get)
         placements["ddp"] += tuning["placement"]

@@ -83,8 +83,8 @@ def hvdsync_worker(spec: dict) -> dict:
 
 def ddp_worker(rank: int, world: int, master: str, port: int, spec: dict, caps: list[float],
                threads: int) -> dict:
-    """One rank of DDP: a fresh DDP model per bucket size in ``caps``, each timed in turn; returns
-    ``{"by_cap": {cap: slowest rank's step times}, "placement": [...]}``."""
+    """One rank of DDP: a fresh DDP model per entry of ``caps`` (bucket sizes, MB), each timed in turn; returns
+    ``{"by_cap": {cap: slowest rank's step times, every pass of that size}, "placement": [...]}``."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -112,7 +112,7 @@ def ddp_worker(rank: int, world: int, master: str, port: int, spec: dict, caps: 
             times = _timed(_step(spec["model"], model, opt), spec, rank, world)
             every: list = [None] * world
             dist.all_gather_object(every, times)
-            by_cap[str(cap)] = _slowest(every)
+            by_cap[str(cap)] = by_cap.get(str(cap), []) + _slowest(every)   # a size listed twice: both passes
         where: list = [None] * world
         dist.all_gather_object(where, placement("torch"))
     finally:
