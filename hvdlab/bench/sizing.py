@@ -27,9 +27,12 @@ GPU figures taken (NVIDIA DeepLearningExamples, github.com/NVIDIA/DeepLearningEx
 The links: 1 Gbit/s and 10 Gbit/s Ethernet, the rates the sweep sets with ``tc``; a GPU cluster on such Ethernet
 (no NVLink or InfiniBand between nodes) is where data-parallel synchronisation costs what it costs here.
 
-Where this machine cannot follow: BERT-base's step here does not fall below ~0.4 s on one core at any input
-(sequence 16, batch 1; its 110 M parameters' backward and update cost that much at the least), so its
-``compute_to_comm`` here is about 4x the V100 figure's; each row records its own, and the GPU's beside it.
+Where this machine cannot follow: BERT-base's step here does not come near the V100 figure at any input. At 16
+tokens, batch 1, on one core: forward and backward alone took 0.38-0.47 s (load ~2.5); the whole step with SGD's
+momentum update over its 110 M parameters (which reads and writes ~1.3 GB a step, whatever the input) 1.4-4.3 s
+(``benchmarks/models.py compute`` pinned to one core, load 8-10). So its ``compute_to_comm`` here is 10x or more
+the V100 figure's: its rows sit where a much slower GPU's, or a much faster link's, would. Each row records its own
+figure and the GPU's beside it.
 """
 from __future__ import annotations
 
@@ -72,7 +75,8 @@ GPU_REFERENCE: dict[str, list[Reference]] = {
 
 # The inputs of a full run, per rank: ResNet-50 64 x 64 images, 2 a step; BERT-base 16 tokens, 1 sequence a step.
 # Measured on one core of this machine (torch 2.13, 1 intra-op thread, the machine shared): ResNet-50 at 64 x 64,
-# batch 2, 0.18-0.23 s a step (V100's 0.213 s); BERT-base at 16 tokens, batch 1, 0.38-0.47 s (see above).
+# batch 2, 0.18-0.23 s for forward and backward (load ~2.5) and 0.20-0.27 s for the whole step with its update
+# (load 8-10), against V100's 0.213 s; BERT-base at 16 tokens, batch 1: see above.
 SIZES = {"resnet50": {"size": 64, "batch": 2}, "bert-base": {"size": 16, "batch": 1}}
 # --quick: every path in seconds; the figures mean nothing.
 QUICK_SIZES = {"resnet50": {"size": 32, "batch": 2}, "bert-base": {"size": 8, "batch": 1}}
