@@ -14,8 +14,7 @@ import tensorflow as tf
 import hvdsync.tensorflow as hs
 from hvdsync.config import from_command_line
 from hvdsync.datasets import load
-from hvdsync.core.train.scaling import loss_scale
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.tensorflow import loss_scale, ShardPlan
 
 cfg = from_command_line(framework="tensorflow")
 hs.init(cfg)

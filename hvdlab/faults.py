@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
-from hvdsync.core.train.callbacks import Callback, TrainContext
+from hvdsync.core.train._context import TrainContext
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.registry import register_callback
 
 ENV = "HVDLAB_FAULTS"

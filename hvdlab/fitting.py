@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from hvdsync.config import Config
-from hvdsync.core.train.callbacks import Callback, FitResult
+from hvdsync.core.train._context import FitResult
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.data import Dataset
 from hvdsync.datasets import load
 from hvdsync.fitting import fit_loop

@@ -26,7 +26,7 @@ from hvdlab import ring
 from hvdsync.core.train.data import Dataset, synthetic
 from hvdsync.core.comm.schemes import gossip, ps
 from hvdsync.core.comm.schemes.ps import Traffic
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 
 
 def blobs(samples: int, features: int, classes: int, seed: int = 0) -> Dataset:

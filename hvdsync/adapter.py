@@ -24,24 +24,29 @@ from hvdsync.core.train.runtime import (REDUCE_OP_NAMES, WorkerInfo, apply_horov
                                         report_knobs)
 
 if TYPE_CHECKING:
-    from hvdsync.core.comm.codecs import Codec, WireCounter
+    from hvdsync.core.comm.codecs import WireCounter
+    from hvdsync.core.comm.codecs.base import Codec
     from hvdsync.core.elastic.loop import ElasticResult
     from hvdsync.core.elastic.state import ElasticState
     from hvdsync.core.train.data import Dataset
-    from hvdsync.core.train.callbacks import FitResult
+    from hvdsync.core.train._context import FitResult
     from hvdsync.core.train.runtime import WorkerInfo
 
 # The core's names a user's own loop or Keras script needs, by the core module that defines them. Both adapters
 # export each (the same object: ``hvdsync.torch.ShardPlan is hvdsync.tensorflow.ShardPlan``), so that a user's
 # script imports its adapter, not hvdsync.core, whose modules may move (0.2.0's reorganisation broke such imports).
+# The defining modules are private; the core paths documented until 0.3.0 (hvdsync.core.train.sharding, ...) forward
+# these names with a DeprecationWarning naming the adapter until 0.4.0 (docs/api.md, "Old paths").
 FROM_THE_CORE = {
-    "hvdsync.core.train.callbacks": ("TrainContext", "FitResult"),
-    "hvdsync.core.train.sharding": ("ShardPlan", "Step", "PlanState"),
-    "hvdsync.core.train.scaling": ("loss_scale", "scaled_lr", "warmup_lr", "grown_lr"),
-    "hvdsync.core.comm.codecs": ("get_codec", "Codec", "CodecState"),
-    "hvdsync.core.telemetry.monitor": ("StepSpread",),
-    "hvdsync.core.elastic.ledger": ("SampleLedger",),
-    "hvdsync.core.elastic.checkpoint": ("CheckpointStore",),
+    "hvdsync.core.train._context": ("TrainContext", "FitResult"),
+    "hvdsync.core.train._plan": ("ShardPlan", "Step", "PlanState"),
+    "hvdsync.core.train._scaling": ("loss_scale", "scaled_lr", "warmup_lr", "grown_lr"),
+    "hvdsync.core.comm.codecs.registry": ("get_codec",),
+    "hvdsync.core.comm.codecs.base": ("Codec",),
+    "hvdsync.core.comm.codecs.state": ("CodecState",),
+    "hvdsync.core.telemetry._spread": ("StepSpread",),
+    "hvdsync.core.elastic._ledger": ("SampleLedger",),
+    "hvdsync.core.elastic._store": ("CheckpointStore",),
 }
 
 # The module files of every adapter (paths under hvdsync/<framework>/).

@@ -16,7 +16,7 @@ from typing import Any
 from horovod.common.elastic import State, notification_manager
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.core.elastic._store import CheckpointStore
 from hvdsync.core.elastic.jobs import JOB_ID_ENV, RESUME_JOB_ENV, claim, job_config, new_job_id
 from hvdsync.core.elastic.state import CommittedState, Position, Tensors
 

@@ -10,16 +10,17 @@ from typing import Any, Callable, Mapping, Sequence
 from hvdsync.config import Config
 from hvdsync.core.comm.codecs import codec_state_of
 from hvdsync.core.comm.schemes import MODES
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.elastic._ledger import SampleLedger
 from hvdsync.core.elastic.loop import ElasticResult, elastic_fit
 from hvdsync.core.telemetry.observe import Observer, ObserverSettings
 from hvdsync.core.telemetry.tracking import Tracker, make_tracker
 from hvdsync.core.train import loop
-from hvdsync.core.train.callbacks import Callback, FitResult
+from hvdsync.core.train._context import FitResult
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.data import Dataset
 from hvdsync.core.train.loop import LoopSettings
 from hvdsync.core.train.runtime import applied_params
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 from hvdsync.datasets import load
 from hvdsync.registry import make_callbacks
 

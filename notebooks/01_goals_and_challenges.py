@@ -101,7 +101,7 @@ def experiments(cfg_dict, delays_ms):
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.fitting import fit_loop
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.torch import ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

@@ -59,7 +59,7 @@ from hvdsync.config import Config
 from hvdsync import datasets
 from hvdsync.core.train import seeding
 from hvdlab.sharding import naive_shards
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.torch import ShardPlan
 
 cfg = Config().replace(train={"np": 2, "seed": 0}, data={"dataset": "digits", "batch_size": 32},
                        tracking={"enabled": False})
@@ -178,7 +178,7 @@ def read_and_report(cfg_dict, epochs):
     from hvdsync import datasets
     from hvdsync.core.train import seeding
     from hvdlab.sharding import naive_shards
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.torch import ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

@@ -62,7 +62,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.train.scaling import loss_scale
+from hvdsync.torch import loss_scale
 
 cfg = Config().replace(train={"np": 2, "epochs": 2, "seed": 0}, data={"dataset": "digits", "batch_size": 32},
                        tracking={"enabled": False})

@@ -65,7 +65,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.torch import ShardPlan
 
 base = Config.from_dict({
     "data": {"dataset": "synthetic", "synthetic_samples": 65536, "batch_size": 2048},

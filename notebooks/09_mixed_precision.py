@@ -66,7 +66,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.telemetry.monitor import StepSpread
+from hvdsync.torch import StepSpread
 from hvdsync.core.train.precision import format_facts
 
 facts = format_facts()
@@ -189,8 +189,7 @@ def overflow_demo(steps=8, at=3):
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.telemetry import monitor
-    from hvdsync.core.train.scaling import loss_scale
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.torch import loss_scale, ShardPlan
 
     cfg = Config.from_dict({"train": {"precision": "fp16"}, "tracking": {"enabled": False}})
     out = {}

@@ -63,8 +63,7 @@ import numpy as np
 from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
-from hvdsync.core.elastic.checkpoint import CheckpointStore
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.torch import CheckpointStore, SampleLedger
 from hvdsync.launch.local import WorkerError
 
 hosts = elastic_launch.local_hosts()

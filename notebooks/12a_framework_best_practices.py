@@ -60,8 +60,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.train.callbacks import FitResult
-from hvdsync.core.train.scaling import scaled_lr
+from hvdsync.torch import FitResult, scaled_lr
 
 # The learning rate is meant for ONE worker with 32 samples per step; `lr_scaling: linear` multiplies it by the
 # number of workers, because 2 workers x 32 samples make a global batch of 64.
@@ -242,8 +241,7 @@ def ddp_beside_horovod(cfg_dict, scripts):
     import hvdsync.torch as ht
     from hvdsync import datasets
     from hvdsync.config import Config
-    from hvdsync.core.train.scaling import scaled_lr
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.torch import scaled_lr, ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

@@ -49,7 +49,7 @@ import numpy as np
 from hvdsync import launch
 from hvdsync.config import Config
 from hvdsync import datasets
-from hvdsync.core.train.scaling import scaled_lr
+from hvdsync.torch import scaled_lr
 
 # The learning rate is meant for ONE worker with 32 samples per step; `lr_scaling: linear` multiplies it by the
 # number of workers, because 2 workers x 32 samples make a global batch of 64.
@@ -81,7 +81,7 @@ def train_by_hand(cfg, info, data, plan, lr_scaling, broadcast=True, seed_per_ra
     from torch.utils.data import DataLoader, TensorDataset
 
     import hvdsync.torch as ht
-    from hvdsync.core.train.scaling import scaled_lr
+    from hvdsync.torch import scaled_lr
     from hvdsync.core.train.seeding import rank_seed
 
     def params(model):
@@ -140,8 +140,7 @@ def experiments(cfg_dict, lr_variants):
     from hvdsync import datasets
     from hvdsync.config import Config
     from hvdsync.fitting import fit_loop
-    from hvdsync.core.train.scaling import scaled_lr
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.torch import scaled_lr, ShardPlan
 
     cfg = Config.from_dict(cfg_dict)
     info = ht.init(cfg)

@@ -61,8 +61,7 @@ import numpy as np
 
 from hvdsync import launch
 from hvdsync.config import Config
-from hvdsync.core.comm.codecs import CodecState, get_codec
-from hvdsync.core.telemetry.monitor import StepSpread
+from hvdsync.torch import CodecState, get_codec, StepSpread
 from hvdlab.codecs_numpy import NumpyOps, simulate
 
 base = Config.from_dict({"train": {"np": 2, "epochs": 6, "optimizer": "sgd", "momentum": 0.0, "lr": 0.5},

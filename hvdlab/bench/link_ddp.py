@@ -63,7 +63,7 @@ def _hook(model, name: str):
 
 def order(samples: int, size: int, batch: int, seed: int, epoch: int, rank: int) -> list[np.ndarray]:
     """The sample indices ``rank`` reads at each step of ``epoch``: its share of hvdsync's plan for the same seed."""
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._plan import ShardPlan
 
     return [s.indices for s in ShardPlan(samples, size, batch, seed=seed).epoch(epoch, rank)]
 

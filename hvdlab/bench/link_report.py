@@ -39,7 +39,7 @@ def label(cfg: dict) -> str:
 def calls_per_step(cfg: dict) -> float:
     """Horovod calls a run makes per step: its codec's rounds (:attr:`Codec.rounds`), or one every H steps for
     local SGD."""
-    from hvdsync.core.comm.codecs import get_codec
+    from hvdsync.core.comm.codecs.registry import get_codec
 
     sync = cfg["sync"]
     return get_codec(sync["compression"]).rounds if sync["mode"] == "allreduce" else 1 / sync["period"]

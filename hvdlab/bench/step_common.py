@@ -78,7 +78,7 @@ def data(work: Work) -> tuple[np.ndarray, np.ndarray]:
 
 def plan(work: Work, world: int, accumulate: int = 1):
     """The shard plan every contender reads by (in order, no shuffling)."""
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._plan import ShardPlan
 
     return ShardPlan(work.samples, world, work.global_batch // world, accumulate, seed=0, shuffle=False)
 

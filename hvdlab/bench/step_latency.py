@@ -84,7 +84,7 @@ def _step(v, net, opt, last, batch):
 
     t0 = time.perf_counter()
     if v == "fit_step":
-        from hvdsync.core.train.scaling import loss_scale
+        from hvdsync.core.train._scaling import loss_scale
 
         before = opt.timer.snapshot()
         opt.train_step([batch], loss_scale(2 * len(batch[1]), 2, "average"))

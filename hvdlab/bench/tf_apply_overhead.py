@@ -60,7 +60,7 @@ def worker(model_name: str, steps: int, warmup: int) -> dict:
     for name in CONTENDERS:
         m = models[name] = model(work)
         if name.startswith("fit"):
-            from hvdsync.core.train.scaling import loss_scale
+            from hvdsync.core.train._scaling import loss_scale
             from hvdsync.tensorflow.train import TensorFlowBackend
 
             b = TensorFlowBackend(m, keras.optimizers.SGD(work.lr), SyncConfig(), input_shape=work.input_shape())

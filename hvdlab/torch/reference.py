@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 
 
 def global_batches(plan: ShardPlan, epochs: int = 1, steps: int | None = None) -> Iterator[np.ndarray]:

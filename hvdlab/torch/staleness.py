@@ -18,7 +18,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from hvdsync.datasets import Dataset, load
 from hvdlab.staleness import run_async
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 from hvdsync.registry import build_model
 
 

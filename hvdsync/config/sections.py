@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from hvdsync.config.checks import (FRAMEWORKS, LR_SCALING, OPTIMIZERS, PRECISIONS, REDUCE_OPS, ConfigError, _bool,
                                    _choice, _fail, _import_plugins, _int, _number, _registered)
-from hvdsync.core.comm.codecs import CODECS, get_codec
+from hvdsync.core.comm.codecs import CODECS
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.core.train.gpus import DEVICES
-from hvdsync.core.train.scaling import GROWTH_LR_RULES
+from hvdsync.core.train._scaling import GROWTH_LR_RULES
 from hvdsync.core.comm.schemes import MODES
 from hvdsync.core.train.shares import SHARE_RULES, parse_growth
 from hvdsync.core.comm.sparse import MODES as SPARSE_MODES

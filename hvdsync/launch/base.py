@@ -23,7 +23,8 @@ from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry import jobrun
 from hvdsync.core.telemetry.jobrun import JobRun
 from hvdsync.core.telemetry.progress import progress_display
-from hvdsync.core.train.callbacks import Callback, FitResult
+from hvdsync.core.train._context import FitResult
+from hvdsync.core.train.callbacks import Callback
 
 # Horovod's compiled extension for each framework, relative to the horovod package.
 _EXTENSIONS = {"torch": "torch/mpi_lib_v2*.so", "tensorflow": "tensorflow/mpi_lib*.so"}

@@ -104,7 +104,8 @@ def checkpoint_job(cfg: Config):
     line, raised before any worker starts."""
     if not cfg.elastic.checkpoint_dir:
         return None
-    from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore
+    from hvdsync.core.elastic._store import CheckpointStore
+    from hvdsync.core.elastic.checkpoint import CheckpointError
     from hvdsync.core.elastic.jobs import claim, job_config
 
     try:

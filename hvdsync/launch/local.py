@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.train.callbacks import FitResult
+from hvdsync.core.train._context import FitResult
 from hvdsync.launch import base, worker
 from hvdsync.launch.base import Launcher, Start, WorkerError, horovod_frameworks
 from hvdsync.launch.moved import moved
@@ -98,7 +98,7 @@ def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool =
             raise ConfigError("train_many: every config must use the same train.np and Horovod knobs "
                               "(sync.fusion_threshold_mb, sync.cycle_time_ms, sync.cache_capacity)")
     if check_every_step:
-        from hvdsync.core.telemetry.monitor import StepSpread
+        from hvdsync.core.telemetry._spread import StepSpread
 
         warnings.warn("train_many(check_every_step=True) is deprecated since hvdsync 0.2.0 and goes in 0.3.0: pass "
                       "callbacks=[StepSpread()] (hvdsync.core.telemetry.monitor.StepSpread)", DeprecationWarning,

@@ -58,7 +58,7 @@ def fit_many(cfg_dicts: list[dict], callbacks: Sequence = ()) -> list[dict]:
     import copy
 
     from hvdsync import datasets
-    from hvdsync.core.comm.codecs import get_codec
+    from hvdsync.core.comm.codecs.registry import get_codec
     from hvdsync.fitting import fit_loop
     from hvdsync.registry import make_callbacks
 

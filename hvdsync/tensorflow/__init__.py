@@ -25,13 +25,16 @@ from hvdsync.launch.quiet import quiet_imports
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 quiet_imports()
 
-from hvdsync.core.comm.codecs import Codec, CodecState, get_codec  # noqa: E402
-from hvdsync.core.elastic.checkpoint import CheckpointStore  # noqa: E402
-from hvdsync.core.elastic.ledger import SampleLedger  # noqa: E402
-from hvdsync.core.telemetry.monitor import StepSpread  # noqa: E402
-from hvdsync.core.train.callbacks import Callback, FitResult, TrainContext  # noqa: E402
-from hvdsync.core.train.scaling import grown_lr, loss_scale, scaled_lr, warmup_lr  # noqa: E402
-from hvdsync.core.train.sharding import PlanState, ShardPlan, Step  # noqa: E402
+from hvdsync.core.comm.codecs.base import Codec  # noqa: E402
+from hvdsync.core.comm.codecs.registry import get_codec  # noqa: E402
+from hvdsync.core.comm.codecs.state import CodecState  # noqa: E402
+from hvdsync.core.elastic._store import CheckpointStore  # noqa: E402
+from hvdsync.core.elastic._ledger import SampleLedger  # noqa: E402
+from hvdsync.core.telemetry._spread import StepSpread  # noqa: E402
+from hvdsync.core.train._context import FitResult, TrainContext  # noqa: E402
+from hvdsync.core.train.callbacks import Callback  # noqa: E402
+from hvdsync.core.train._scaling import grown_lr, loss_scale, scaled_lr, warmup_lr  # noqa: E402
+from hvdsync.core.train._plan import PlanState, ShardPlan, Step  # noqa: E402
 from hvdsync.tensorflow import callbacks  # noqa: E402
 from hvdsync.tensorflow.compression import CodecCompressor  # noqa: E402
 from hvdsync.tensorflow.data import PlanSampler, ShardedLoader  # noqa: E402

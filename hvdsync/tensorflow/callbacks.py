@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdsync.core.train.scaling import warmup_lr
+from hvdsync.core.train._scaling import warmup_lr
 from hvdsync.core.telemetry.tracking import Tracker, make_tracker
 from hvdsync.tensorflow.optimizer import broadcast_state
 

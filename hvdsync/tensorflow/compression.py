@@ -25,7 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
-from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.base import Codec
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.core.comm.reducer import CodecReducer as _CoreReducer
 from hvdsync.core.comm.reducer import Collectives
 

@@ -11,9 +11,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvdsync.core.train.loader import PlanLoader
-from hvdsync.core.train.scaling import grown_lr, loss_scale
+from hvdsync.core.train._scaling import grown_lr, loss_scale
 from hvdsync.core.train.shares import rebalanced
-from hvdsync.core.train.sharding import ShardPlan, Step
+from hvdsync.core.train._plan import ShardPlan, Step
 from hvdsync.tensorflow.models import constant_learning_rate
 
 

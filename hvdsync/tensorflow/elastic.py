@@ -33,7 +33,7 @@ from horovod.common.exceptions import HorovodInternalError
 from hvdsync.core.elastic.checkpoint import undecodable
 from hvdsync.elastic import ElasticState, configured_state, run
 from hvdsync.fitting import fit_elastic_with
-from hvdsync.core.train.scaling import scaled_lr
+from hvdsync.core.train._scaling import scaled_lr
 
 
 def fingerprint(model: keras.Model) -> str:

@@ -12,7 +12,8 @@ import horovod.tensorflow as hvd
 import keras
 
 from hvdsync.adapter import states_the_accumulation_rule, sync_settings
-from hvdsync.core.comm.codecs import WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.tensorflow.schemes import scheme_optimizer
 from hvdsync.tensorflow.schemes.base import DistributedOptimizer, allreduce_gradients
 

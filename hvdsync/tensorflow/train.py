@@ -17,10 +17,11 @@ import tensorflow as tf
 
 from hvdsync import datasets
 from hvdsync.core.train import runtime
-from hvdsync.core.train.callbacks import Callback, FitResult
+from hvdsync.core.train._context import FitResult
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.profiling import PhaseTimer
-from hvdsync.core.train.scaling import scaled_lr
-from hvdsync.core.train.sharding import PlanState
+from hvdsync.core.train._scaling import scaled_lr
+from hvdsync.core.train._plan import PlanState
 from hvdsync.fitting import fit_loop
 from hvdsync.registry import build_model, make_callbacks
 from hvdsync.tensorflow.evaluate import dataset_evaluator

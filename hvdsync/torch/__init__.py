@@ -9,13 +9,16 @@
     PyTorch's only: TorchBackend (the backend class, named after its framework), LoaderSteps (a DataLoader as the
     shared loop's steps)
 """
-from hvdsync.core.comm.codecs import Codec, CodecState, get_codec
-from hvdsync.core.elastic.checkpoint import CheckpointStore
-from hvdsync.core.elastic.ledger import SampleLedger
-from hvdsync.core.telemetry.monitor import StepSpread
-from hvdsync.core.train.callbacks import Callback, FitResult, TrainContext
-from hvdsync.core.train.scaling import grown_lr, loss_scale, scaled_lr, warmup_lr
-from hvdsync.core.train.sharding import PlanState, ShardPlan, Step
+from hvdsync.core.comm.codecs.base import Codec
+from hvdsync.core.comm.codecs.registry import get_codec
+from hvdsync.core.comm.codecs.state import CodecState
+from hvdsync.core.elastic._store import CheckpointStore
+from hvdsync.core.elastic._ledger import SampleLedger
+from hvdsync.core.telemetry._spread import StepSpread
+from hvdsync.core.train._context import FitResult, TrainContext
+from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.train._scaling import grown_lr, loss_scale, scaled_lr, warmup_lr
+from hvdsync.core.train._plan import PlanState, ShardPlan, Step
 from hvdsync.torch.compression import CodecCompressor
 from hvdsync.torch.data import LoaderSteps, PlanSampler, ShardedLoader
 from hvdsync.torch.elastic import elastic_state, fit_elastic, run_elastic

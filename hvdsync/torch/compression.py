@@ -21,7 +21,9 @@ from typing import Iterable, Sequence
 import horovod.torch as hvd
 import torch
 
-from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec, mix_seed
+from hvdsync.core.comm.codecs import mix_seed, WireCounter
+from hvdsync.core.comm.codecs.base import Codec
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.core.comm.reducer import CodecReducer as _CoreReducer
 from hvdsync.core.comm.reducer import Collectives
 from hvdsync.torch.runtime import wait

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import Sampler
 
 from hvdsync.core.train.loader import PlanCursor, PlanLoader
-from hvdsync.core.train.scaling import loss_scale
-from hvdsync.core.train.sharding import ShardPlan, Step
+from hvdsync.core.train._scaling import loss_scale
+from hvdsync.core.train._plan import ShardPlan, Step
 
 
 class PlanSampler(PlanCursor, Sampler):

@@ -26,7 +26,7 @@ from hvdsync.core.elastic.checkpoint import undecodable
 from hvdsync.elastic import ElasticState, configured_state, run
 from hvdsync.fitting import fit_elastic_with
 from hvdsync.torch.optimizer import mark_broadcast_done
-from hvdsync.core.train.scaling import scaled_lr
+from hvdsync.core.train._scaling import scaled_lr
 
 
 def fingerprint(model: torch.nn.Module) -> str:

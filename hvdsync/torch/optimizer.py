@@ -7,7 +7,8 @@ import horovod.torch as hvd
 import torch
 
 from hvdsync.adapter import states_the_accumulation_rule, sync_settings
-from hvdsync.core.comm.codecs import WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.core.train.runtime import REDUCE_OP_NAMES
 from hvdsync.torch.compression import CodecCompressor, CodecOptimizer
 from hvdsync.torch.grouped import GroupedOptimizer, groups_after_backward

@@ -139,8 +139,8 @@ def adapter_matches_plain_torch(n_steps: int = 12, batch: int = 32, hidden: int 
 
     from hvdsync import datasets
     from hvdsync.config import Config
-    from hvdsync.core.train.scaling import loss_scale
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._scaling import loss_scale
+    from hvdsync.core.train._plan import ShardPlan
     from hvdsync.torch import TorchBackend, init, mlp
 
     # grouped_mb=0 and the hooks forced on: every gradient is all-reduced over NCCL in every step at 1 rank too (the

@@ -54,7 +54,7 @@ DRIVER = """
 import json, sys
 from hvdlab import faults
 from hvdsync.config import Config
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.elastic._ledger import SampleLedger
 from hvdsync.launch import elastic
 spec = json.loads(sys.argv[1])
 with faults.armed(spec["faults"]):

@@ -26,7 +26,7 @@ def _problem() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
 
 
 def _plan(world_size: int):
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._plan import ShardPlan
 
     return ShardPlan(N, world_size, BATCH, ACCUMULATE, SEED, True)
 
@@ -63,7 +63,7 @@ def torch_loops() -> dict:
     import hvdsync.torch as hs
     from hvdlab.torch.reference import global_batches, sequential_sgd
     from hvdsync.config import SyncConfig
-    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train._scaling import loss_scale
 
     hs.init()
     x, y, init = _problem()
@@ -117,7 +117,7 @@ def tensorflow_loop() -> dict:
     import tensorflow as tf
 
     import hvdsync.tensorflow as hs
-    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train._scaling import loss_scale
 
     hs.init()
     x, y, init = _problem()

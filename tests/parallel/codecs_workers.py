@@ -16,8 +16,8 @@ def overflow_checks(framework: str, compressions=("none", "topk:0.01"), steps: i
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.telemetry import monitor
-    from hvdsync.core.train.scaling import loss_scale
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._scaling import loss_scale
+    from hvdsync.core.train._plan import ShardPlan
 
     adapter = importlib.import_module(f"hvdsync.{framework}")
     lab = importlib.import_module(f"hvdlab.{framework}.overflow")
@@ -58,8 +58,8 @@ def accumulate_checks(framework: str, compressions=("topk:0.01", "powersgd:2"), 
     from hvdsync.config import Config
     from hvdsync import datasets
     from hvdsync.core.comm.codecs import codec_state_of
-    from hvdsync.core.train.scaling import loss_scale
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._scaling import loss_scale
+    from hvdsync.core.train._plan import ShardPlan
 
     adapter = importlib.import_module(f"hvdsync.{framework}")
     out = {}
@@ -112,7 +112,7 @@ def configs(framework: str) -> list[dict]:
 def all_checks(framework: str) -> dict:
     """One worker job per framework: every codec trains digits (ranks compared after every step), then the
     forced-overflow and accumulation checks."""
-    from hvdsync.core.telemetry.monitor import StepSpread
+    from hvdsync.core.telemetry._spread import StepSpread
     from hvdsync.launch.worker import fit_many
 
     return {"runs": fit_many(configs(framework), callbacks=[StepSpread()]), "overflow": overflow_checks(framework),

@@ -18,7 +18,7 @@ from pathlib import Path
 from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
 from hvdsync.config import Config
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.elastic._ledger import SampleLedger
 from hvdsync.launch.local import WorkerError
 
 HOSTS = elastic_launch.local_hosts()

@@ -51,7 +51,7 @@ def _steps(backend, loader, state, n: int, commit: bool = False) -> None:
     rank 0 checkpointing, every ``elastic.commit_every``)."""
     import horovod.torch as hvd
 
-    from hvdsync.core.train.scaling import loss_scale
+    from hvdsync.core.train._scaling import loss_scale
 
     for i, (micro, step) in enumerate(loader.epoch_steps(0, loader.start)):
         if i == n:

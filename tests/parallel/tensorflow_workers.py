@@ -69,7 +69,7 @@ def check_fit(n: int, batch_size: int, accumulate: int, epochs: int, compression
 
     from hvdsync.core.train.callbacks import Callback
     from hvdsync.fitting import fit_loop
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._plan import ShardPlan
     from hvdsync.core.telemetry.tracking import Tracker
     from hvdsync.tensorflow import build, init
 
@@ -180,8 +180,8 @@ def check_apply_gradients(n: int = 64, batch_size: int = 8, accumulate: int = 4)
     import keras
     import tensorflow as tf
 
-    from hvdsync.core.train.scaling import loss_scale
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._scaling import loss_scale
+    from hvdsync.core.train._plan import ShardPlan
     from hvdsync.tensorflow import broadcast_state, distributed_optimizer, init, mlp
 
     cfg = _config(batch_size=batch_size, accumulate=accumulate)
@@ -288,7 +288,7 @@ def check_loader(n: int = 101, batch_size: int = 8, accumulate: int = 3) -> dict
     largest difference from the plan's samples and labels over every micro-batch, and the micro-batch sizes."""
     import horovod.tensorflow as hvd
 
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._plan import ShardPlan
     from hvdsync.tensorflow import ShardedLoader
 
     hvd.init()
@@ -395,7 +395,7 @@ def check_keras_fit(n: int, accumulate: int = 1, epochs: int = 2, steps_per_exec
            "sums_abs_max": float(np.max([np.max(np.abs(s.numpy()), initial=0.0) for s in opt.gradient_sums],
                                         initial=0.0))}
     if hvd.rank() == 0:
-        from hvdsync.core.train.sharding import ShardPlan
+        from hvdsync.core.train._plan import ShardPlan
 
         plan = ShardPlan(n, hvd.size(), 8, 1, SEED, True)
         out.update(max_diff=_max_diff(params, reference(start, data, plan, epochs)), moved=_max_diff(params, start))

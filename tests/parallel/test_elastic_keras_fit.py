@@ -6,7 +6,7 @@ import pytest
 
 from hvdlab import faults
 from hvdsync.launch import elastic as elastic_launch
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 from tests.parallel import elastic_workers, elastic_keras_fit_workers
 
 cloudpickle.register_pickle_by_value(elastic_keras_fit_workers)

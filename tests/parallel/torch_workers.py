@@ -23,8 +23,8 @@ def run_checks(n_steps=12, batch=16, hidden=32, lr=0.2, seed=3):
 
     from hvdsync.config import Config
     from hvdsync import datasets
-    from hvdsync.core.train.scaling import loss_scale
-    from hvdsync.core.train.sharding import ShardPlan
+    from hvdsync.core.train._scaling import loss_scale
+    from hvdsync.core.train._plan import ShardPlan
     from hvdsync.torch import TorchBackend, init, mlp
 
     cfg = Config.from_dict({"train": {"seed": seed}, "tracking": {"enabled": False}})

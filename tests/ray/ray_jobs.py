@@ -73,7 +73,7 @@ def main(spec: dict) -> dict:
         extra = {k: spec[k] for k in ("log_dir",) if k in spec}
         if spec.get("ledger"):
             # Each worker counts the samples it trained on (its own copy of the ledger, shipped with the job).
-            from hvdsync.core.elastic.ledger import SampleLedger
+            from hvdsync.core.elastic._ledger import SampleLedger
 
             extra["callbacks"] = [SampleLedger()]
         cfg = Config.from_dict(spec["config"])

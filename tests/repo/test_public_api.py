@@ -1,10 +1,9 @@
 """The public API is what docs/api.md lists: every name there imports from the path it names, the scripts users copy
-(README, examples/) import only from it, the old paths warn with the new one, and the version is the same everywhere."""
+(README, examples/) import only from it, the old paths warn with the adapter's name, and the version is the same everywhere."""
 import ast
 import importlib
 import pathlib
 import re
-import sys
 import tomllib
 import warnings
 
@@ -37,16 +36,21 @@ def _names(bullet: str) -> list[str]:
     return [item.split("(")[0] for item in re.findall(r"`([^`]+)`", head)]
 
 
-def _old_paths() -> list[tuple[str, str]]:
-    return re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \| [\d.]+ \|$", API, re.M)
+def _old_paths() -> list[tuple[str, list[str], str, str]]:
+    """The old-path table's rows: (old module, the names it forwards, the version it moved in, the one it goes in)."""
+    rows = re.findall(r"^\| `([\w.]+)` \| (.+?) \| `hvdsync.torch`, `hvdsync.tensorflow` \| ([\d.]+) \| ([\d.]+) \|$",
+                      API, re.M)
+    return [(old, re.findall(r"`(\w+)`", names), moved, goes) for old, names, moved, goes in rows]
 
 
-def test_the_page_lists_the_adapters_config_launchers_and_core_names():
+def test_the_page_lists_the_adapters_config_launchers_registry_and_datasets_not_the_core():
     documented = _documented()
-    assert {"hvdsync", "hvdsync.config", "hvdsync.torch", "hvdsync.tensorflow", "hvdsync.launch",
-            "hvdsync.core.train.sharding", "hvdsync.core.train.scaling"} <= set(documented)
-    assert "ShardPlan" in documented["hvdsync.core.train.sharding"]
-    assert "loss_scale" in documented["hvdsync.core.train.scaling"]
+    assert {"hvdsync", "hvdsync.config", "hvdsync.torch", "hvdsync.tensorflow", "hvdsync.launch", "hvdsync.registry",
+            "hvdsync.datasets"} <= set(documented)
+    assert [m for m in documented if m.startswith("hvdsync.core")] == []
+    for adapter in ("hvdsync.torch", "hvdsync.tensorflow"):
+        assert {"ShardPlan", "loss_scale", "get_codec", "StepSpread", "SampleLedger", "CheckpointStore"} \
+            <= set(documented[adapter])
     assert "distributed_optimizer" in documented["hvdsync.tensorflow"]
     assert sum(map(len, documented.values())) >= 100
     assert all(documented.values()), [m for m, names in documented.items() if not names]
@@ -93,31 +97,66 @@ def test_readme_and_examples_import_only_documented_paths():
     assert len(sources) > 5 and outside == []
 
 
-@pytest.mark.parametrize(("old", "new"), _old_paths())
-def test_an_old_path_imports_for_one_release_and_warns_with_the_new_home(old, new):
-    name = {"hvdsync.core.sharding": "ShardPlan", "hvdsync.core.scaling": "loss_scale"}[old]
-    sys.modules.pop(old, None)
+_OLD = [(old, name, goes) for old, names, _, goes in _old_paths() for name in names]
+
+
+@pytest.mark.parametrize(("old", "name", "goes"), _OLD, ids=[f"{o}.{n}" for o, n, _ in _OLD])
+def test_an_old_path_imports_the_adapters_object_and_warns_with_the_adapters_name(old, name, goes):
+    import hvdsync.tensorflow
+    import hvdsync.torch
+
+    module = importlib.import_module(old)
     with pytest.warns(DeprecationWarning) as caught:
-        value = getattr(importlib.import_module(old), name)
-    assert value is getattr(importlib.import_module(new), name)
+        value = getattr(module, name)
+    assert value is getattr(hvdsync.torch, name) is getattr(hvdsync.tensorflow, name)
     message = str(caught[0].message)
-    assert f"import {name} from {new}" in message and old in message and "0.3.0" in message
+    assert f"{old}.{name}" in message and f"hvdsync.torch.{name}" in message
+    assert f"hvdsync.tensorflow.{name}" in message and f"goes in {goes}" in message
     # The warning names the line that took the name (here this file), so Python's default filter shows it to users.
     assert caught[0].filename == __file__
 
 
-def test_the_two_old_paths_users_scripts_import_are_the_table():
-    assert _old_paths() == [("hvdsync.core.sharding", "hvdsync.core.train.sharding"),
-                            ("hvdsync.core.scaling", "hvdsync.core.train.scaling")]
+def test_the_table_forwards_every_core_name_the_adapters_export():
+    from hvdsync.adapter import FROM_THE_CORE
+
+    exported = {name for names in FROM_THE_CORE.values() for name in names}
+    forwarded = {name for _, names, moved, _ in _old_paths() if moved == "0.3.0" for name in names}
+    assert len(exported) == 15 and exported <= forwarded, exported - forwarded
+    assert {"hvdsync.core.sharding", "hvdsync.core.scaling"} <= {old for old, *_ in _old_paths()}
 
 
-def test_an_old_path_does_not_warn_for_python_s_own_look_ups():
-    module = importlib.import_module("hvdsync.core.sharding")
+@pytest.mark.parametrize("old", sorted({old for old, *_ in _old_paths()}))
+def test_an_old_path_does_not_warn_for_python_s_own_look_ups(old):
+    module = importlib.import_module(old)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not hasattr(module, "__wrapped__")
-        with pytest.raises(AttributeError, match="hvdsync.core.sharding"):
+        with pytest.raises(AttributeError, match=old):
             module.__wrapped__  # noqa: B018
+
+
+def _deprecated_imports(source: str) -> list[str]:
+    forwarded = {old: set(names) for old, names, *_ in _old_paths()}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in forwarded:
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name in forwarded[node.module]]
+    return found
+
+
+def test_no_module_of_the_product_the_lab_the_tests_or_the_scripts_imports_an_old_path():
+    # So hvdsync never warns on its own account: only a user's import of an old path does.
+    here = pathlib.Path(__file__).resolve()
+    files = [p for top in ("hvdsync", "hvdlab", "benchmarks", "tests", "examples", "notebooks")
+             for p in sorted((ROOT / top).rglob("*.py")) if p.resolve() != here]
+    offenders = [f"{p.relative_to(ROOT)}: {name}" for p in files for name in _deprecated_imports(p.read_text())]
+    assert len(files) > 100 and offenders == []
+
+
+def test_the_old_path_check_finds_a_deprecated_import():
+    assert _deprecated_imports("from hvdsync.core.train.sharding import ShardPlan\n"
+                               "from hvdsync.core.comm.codecs import WireCounter, get_codec\n") == \
+        ["hvdsync.core.train.sharding.ShardPlan", "hvdsync.core.comm.codecs.get_codec"]
 
 
 def test_the_version_is_the_same_in_the_package_the_project_and_the_change_log():
@@ -134,5 +173,6 @@ def test_the_change_log_has_every_version_newest_first_breaking_moves_first():
     newest = text.split("\n## 0.1.0")[0]
     sections = re.findall(r"^### (.+)", newest, re.M)
     assert sections[0].startswith("Breaking")
-    for old, new in _old_paths():
-        assert f"`{old}`" in newest and f"`{new}`" in newest
+    for old, _, moved, _ in _old_paths():
+        if moved in versions:  # a move of the coming release goes into its section when that is written
+            assert f"`{old}`" in text.split(f"\n## {moved}")[1].split("\n## ")[0]

@@ -22,7 +22,7 @@ import pytest
 from hvdlab.slurm import SlurmCluster
 from hvdlab.testhosts import TestHosts
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.elastic.checkpoint import CheckpointStore
+from hvdsync.core.elastic._store import CheckpointStore
 from hvdsync.launch import mpi, slurm as slurm_step
 from hvdsync.launch.base import mpi_built
 from tests.hosts.checkpoints import checkpoints, newest, wait_for

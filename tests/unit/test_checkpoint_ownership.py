@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config
-from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore, undecodable
+from hvdsync.core.elastic._store import CheckpointStore
+from hvdsync.core.elastic.checkpoint import CheckpointError, undecodable
 from hvdsync.core.elastic.jobs import claim, job_config
 from hvdsync.elastic import ElasticState, Position
 

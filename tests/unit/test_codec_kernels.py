@@ -8,7 +8,9 @@ workers (tests/parallel). Equal to float32 rounding: the same maths, in another 
 import numpy as np
 import pytest
 
-from hvdsync.core.comm.codecs import CodecState, WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.registry import get_codec
+from hvdsync.core.comm.codecs.state import CodecState
 from hvdlab.codecs_numpy import NumpyOps, simulate
 
 SHAPES = [(32, 24), (24,), (5, 3, 4), (10,)]
@@ -136,7 +138,7 @@ def test_powersgd_decodes_into_codec_optimizers_gradients():
     import torch
 
     from hvdsync.config import Config
-    from hvdsync.core.comm.codecs import get_codec
+    from hvdsync.core.comm.codecs.registry import get_codec
     from hvdsync.torch.compression import CodecOptimizer, CodecReducer
 
     hvd.init()

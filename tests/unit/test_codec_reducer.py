@@ -9,7 +9,8 @@ import pytest
 
 from hvdlab.codecs_numpy import NumpyOps, simulate
 from hvdsync.config import SyncConfig
-from hvdsync.core.comm.codecs import CodecState, get_codec
+from hvdsync.core.comm.codecs.registry import get_codec
+from hvdsync.core.comm.codecs.state import CodecState
 from hvdsync.core.comm.reducer import CodecReducer, Collectives
 
 SHAPES = [(32, 24), (24,), (5, 3, 4)]

@@ -6,7 +6,9 @@ PowerSGD recovering a low-rank gradient, wire bytes equal to the formula, state 
 import numpy as np
 import pytest
 
-from hvdsync.core.comm.codecs import CodecState, WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.registry import get_codec
+from hvdsync.core.comm.codecs.state import CodecState
 from hvdlab.codecs_numpy import NumpyOps, simulate
 from hvdsync.core.comm.codecs.quantize import LEVELS, dequantize, quantize
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.comm.codecs import CodecState, get_codec
+from hvdsync.core.comm.codecs.registry import get_codec
+from hvdsync.core.comm.codecs.state import CodecState
 from hvdlab.codecs_numpy import NumpyOps, simulate
 
 SHAPES = [(20, 10), (10,)]

@@ -57,7 +57,9 @@ def test_a_codecs_rounds_are_the_rounds_its_reduction_makes(spec):
     import numpy as np
 
     from hvdlab.codecs_numpy import NumpyOps
-    from hvdsync.core.comm.codecs import CodecState, get_codec, reduce_all
+    from hvdsync.core.comm.codecs import reduce_all
+    from hvdsync.core.comm.codecs.registry import get_codec
+    from hvdsync.core.comm.codecs.state import CodecState
     from hvdsync.core.comm.codecs.base import Allreduce, ReduceContext
 
     codec, ops, shapes, rounds = get_codec(spec), NumpyOps(), [(64, 32), (32,)], []

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore
+from hvdsync.core.elastic._store import CheckpointStore
+from hvdsync.core.elastic.checkpoint import CheckpointError
 from hvdsync.elastic import ElasticState, Position
 
 

@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.elastic._ledger import SampleLedger
 from hvdsync.core.elastic.loop import RUN_DIR_ENV
 from hvdsync.core.train.callbacks import Callback
 from hvdsync.launch import base
@@ -174,7 +174,7 @@ def test_each_worker_gets_its_own_copy_and_hands_it_to_the_adapter(shipped_elast
 
 
 def test_train_many_ships_callbacks_and_its_deprecated_check_every_step_adds_a_step_spread(monkeypatch):
-    from hvdsync.core.telemetry.monitor import StepSpread
+    from hvdsync.core.telemetry._spread import StepSpread
     from hvdsync.launch import local
 
     handed = {}
@@ -201,7 +201,8 @@ def test_train_many_ships_callbacks_and_its_deprecated_check_every_step_adds_a_s
 def test_a_step_spread_reports_the_largest_difference_between_the_ranks_fingerprints():
     import numpy as np
 
-    from hvdsync.core.telemetry.monitor import StepSpread, fingerprint
+    from hvdsync.core.telemetry._spread import StepSpread
+    from hvdsync.core.telemetry.monitor import fingerprint
 
     class Backend:   # two ranks' all-gathered fingerprints: equal after the first step, apart after the second
         def __init__(self):

@@ -7,12 +7,12 @@ from hvdsync.config import Config
 from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.core.train.data import digits
 from hvdsync.core.train.loader import PlanCursor, PlanLoader
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.elastic._ledger import SampleLedger
 from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.loop import array_evaluator
 from hvdsync.fitting import fit_loop, loop_settings, plan_for
 from hvdsync.core.telemetry.profiling import PhaseTimer
-from hvdsync.core.train.sharding import PlanState, ShardPlan
+from hvdsync.core.train._plan import PlanState, ShardPlan
 from hvdsync.core.train.shares import split_counts
 
 
@@ -299,14 +299,15 @@ def test_the_config_layer_hands_the_loop_the_observer_the_config_describes(data)
 
 
 @pytest.mark.parametrize("name", ["Callback", "TrainContext", "FitResult"])
-def test_the_hooks_old_path_in_the_loop_imports_for_one_release_and_warns_with_the_new_home(name):
-    from hvdsync.core.train import callbacks, loop
+def test_the_hooks_old_path_in_the_loop_imports_for_one_release_and_warns_with_the_adapters_name(name):
+    from hvdsync.core.train import _context, callbacks, loop
 
     with pytest.warns(DeprecationWarning) as caught:
         value = getattr(loop, name)
-    assert value is getattr(callbacks, name)
+    assert value is getattr(callbacks if name == "Callback" else _context, name)
     message = str(caught[0].message)
-    assert f"import {name} from hvdsync.core.train.callbacks" in message and "0.4.0" in message
+    assert f"import {name} from your adapter" in message and "0.4.0" in message
+    assert f"hvdsync.torch.{name}" in message and f"hvdsync.tensorflow.{name}" in message
     assert caught[0].filename == __file__
     with pytest.raises(AttributeError, match="hvdsync.core.train.loop"):
         loop.NotAName  # noqa: B018

@@ -53,7 +53,7 @@ def test_a_user_plugin_registers_a_callback_that_the_loop_is_handed(tmp_path, mo
 
 
 def test_the_job_step_counts_the_steps_before_a_resume():
-    from hvdsync.core.train.callbacks import TrainContext
+    from hvdsync.core.train._context import TrainContext
 
     ctx = TrainContext(None, None, None, None, None, 0, 1, global_step=4, steps_before=10)
     assert ctx.job_step == 14 and TrainContext(None, None, None, None, None, 0, 1, global_step=4).job_step == 4

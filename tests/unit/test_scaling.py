@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hvdsync.core.train.scaling import loss_scale, scaled_lr
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._scaling import loss_scale, scaled_lr
+from hvdsync.core.train._plan import ShardPlan
 
 
 def _grad_sum(w, x, y):

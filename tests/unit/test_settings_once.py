@@ -11,11 +11,11 @@ from hvdsync.config import Config, ConfigError, SyncConfig
 @pytest.fixture
 def counted(monkeypatch):
     """How many times a SyncConfig is checked and a codec is built from a string, from here on."""
-    import hvdsync.core.comm.codecs as codecs
+    from hvdsync.core.comm.codecs import registry
     from hvdsync.config import sections
 
     calls = {"checks": 0, "codecs": 0}
-    check, build = sections.SyncConfig.__post_init__, codecs.get_codec
+    check, build = sections.SyncConfig.__post_init__, registry.get_codec
 
     def counted_check(self):
         calls["checks"] += 1

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvdsync.config import Config, ConfigError
-from hvdsync.core.train.scaling import grown_lr, loss_scale
+from hvdsync.core.train._scaling import grown_lr, loss_scale
 from hvdsync.core.train.shares import balanced_shares, local_weights, share_slice, split_counts
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 
 
 @st.composite

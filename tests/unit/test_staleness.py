@@ -9,7 +9,7 @@ import pytest
 from hvdsync.core.train.data import digits
 from hvdlab import sim, staleness
 from hvdlab.staleness import DAMPING, delays, run_async
-from hvdsync.core.train.sharding import ShardPlan
+from hvdsync.core.train._plan import ShardPlan
 
 
 def test_docstring_examples():

@@ -1,7 +1,7 @@
 """hvdsync.core.train.scaling.warmup_lr: Goyal et al.'s ramp, the rule the Keras callback (and a PyTorch loop) applies."""
 import pytest
 
-from hvdsync.core.train.scaling import warmup_lr
+from hvdsync.core.train._scaling import warmup_lr
 
 
 def test_ramp_starts_at_the_one_worker_rate_and_reaches_the_target_at_the_stated_epoch():

@@ -19,7 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from hvdsync.core.comm.codecs import Allreduce, Codec, CodecState, ReduceContext, WireCounter, get_codec, reduce_all
+from hvdsync.core.comm.codecs import Allreduce, reduce_all, ReduceContext, WireCounter
+from hvdsync.core.comm.codecs.base import Codec
+from hvdsync.core.comm.codecs.registry import get_codec
+from hvdsync.core.comm.codecs.state import CodecState
 
 
 class Collectives:

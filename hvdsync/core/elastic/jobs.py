@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore
+from hvdsync.core.elastic._store import CheckpointStore
+from hvdsync.core.elastic.checkpoint import CheckpointError
 
 JOB_ID_ENV = "HVDSYNC_JOB_ID"            # the job the workers write as
 RESUME_JOB_ENV = "HVDSYNC_RESUME_JOB"    # the job whose checkpoint rank 0 loads ("" = one without a job record)

@@ -20,13 +20,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from hvdsync.core.elastic.ledger import SampleLedger
+from hvdsync.core.elastic._ledger import SampleLedger
 from hvdsync.core.elastic.state import CommittedState
 from hvdsync.core.telemetry.tracking import Tracker
 from hvdsync.core.train.data import Dataset
-from hvdsync.core.train.callbacks import Callback, TrainContext
+from hvdsync.core.train._context import TrainContext
+from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.loop import LoopSettings, array_evaluator, fit_loop
-from hvdsync.core.train.sharding import PlanState
+from hvdsync.core.train._plan import PlanState
 
 RUN_DIR_ENV = "HVDSYNC_RUN_DIR"
 

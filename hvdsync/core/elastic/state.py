@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from hvdsync.core.elastic.checkpoint import CheckpointError, CheckpointStore, undecodable
+from hvdsync.core.elastic._store import CheckpointStore
+from hvdsync.core.elastic.checkpoint import CheckpointError, undecodable
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
-from hvdsync.core.train.callbacks import Callback
+from hvdsync.core._moved import to_adapters
 
 
 # Checks whose working times are summed for the straggler ratio.
@@ -146,26 +146,6 @@ def warn_line(message: str, category: type[Warning]) -> None:
     warnings.warn_explicit(message, category, filename="hvdsync", lineno=0, module="hvdsync", registry={})
 
 
-class StepSpread(Callback):
-    """A callback that checks after every step that every rank holds the same parameters: the ranks all-gather
-    their :func:`fingerprint` and :attr:`spreads` keeps the :func:`spread` of each step (0.0: identical). One small
-    all-gather a step, on every rank; where a job should only be watched, ``monitor.every`` does it more cheaply.
-    Its :meth:`report` is ``step_spread_max``: the largest spread after any step (None before a step).
-
-    Example:
-        >>> results = hvdsync.launch.train_many(cfgs, callbacks=[StepSpread()])   # doctest: +SKIP
-        >>> assert all(r["step_spread_max"] == 0.0 for r in results)             # doctest: +SKIP
-    """
-
-    def __init__(self) -> None:
-        self.spreads: list[float] = []
-
-    def on_step_end(self, ctx) -> None:
-        self.spreads.append(rank_spread(ctx.backend))
-
-    @property
-    def max(self) -> float | None:
-        return max(self.spreads) if self.spreads else None
-
-    def report(self) -> dict:
-        return {"step_spread_max": self.max}
+# StepSpread is the adapters' public name; its definition lives in the private _spread (which hvdsync imports), so this
+# path warns for it, naming the adapter, until 0.4.0. Everything else here is the core's own and does not warn.
+__getattr__ = to_adapters(__name__, {"StepSpread": "hvdsync.core.telemetry._spread"}, until="0.4.0")

@@ -12,7 +12,7 @@ import numpy as np
 
 from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.telemetry.profiling import PHASES
-from hvdsync.core.train.scaling import grown_lr
+from hvdsync.core.train._scaling import grown_lr
 from hvdsync.core.train.shares import balanced_shares
 
 # Work = the phases whose time grows with the samples a rank reads (reading them; forward and backward). The

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from hvdsync.core.train.shares import rebalanced
-from hvdsync.core.train.sharding import PlanState, ShardPlan, Step
+from hvdsync.core.train._plan import PlanState, ShardPlan, Step
 
 
 class PlanLoader:

@@ -23,13 +23,14 @@ import numpy as np
 from hvdsync.core.telemetry import monitor
 from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.core.train import callbacks as _hooks
+from hvdsync.core.train import _context
 from hvdsync.core.train.adaptive import AdaptiveShares, GrowthLearningRate
 from hvdsync.core.train.data import Dataset
 from hvdsync.core.train.loader import PlanLoader
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.telemetry.progress import Progress
-from hvdsync.core.train.scaling import loss_scale
-from hvdsync.core.train.sharding import PlanState, ShardPlan, Step
+from hvdsync.core.train._scaling import loss_scale
+from hvdsync.core.train._plan import PlanState, ShardPlan, Step
 from hvdsync.core.train.shares import share_slice
 from hvdsync.core.telemetry.tracking import Tracker
 
@@ -115,7 +116,7 @@ class BeforeStep(_hooks.Callback):
     def __init__(self, fn: Callable[[int, int], None]) -> None:
         self.fn = fn
 
-    def on_step_begin(self, ctx: _hooks.TrainContext) -> None:
+    def on_step_begin(self, ctx: _context.TrainContext) -> None:
         self.fn(ctx.epoch, ctx.step)
 
 
@@ -166,7 +167,7 @@ def _gather_metrics(backend: Backend, local: dict[str, float], evaluation: Evalu
     return {k: float(v) for k, v in metrics.items()}
 
 
-def _train_epoch(ctx: _hooks.TrainContext, steps: StepSource, callbacks: _hooks.Callback, bar: Progress, start: int) -> dict:
+def _train_epoch(ctx: _context.TrainContext, steps: StepSource, callbacks: _hooks.Callback, bar: Progress, start: int) -> dict:
     backend, result = ctx.backend, ctx.result
     loss_sum, seen, step_times = 0.0, 0, []
     ctx.position = start
@@ -200,7 +201,7 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
              callbacks: Sequence[_hooks.Callback] = (), resume: PlanState | None = None,
              before_step: Callable[[int, int], None] | None = None, progress_desc: str | None = None,
              params: Mapping[str, Any] | None = None, steps_before: int = 0, state: Any = None,
-             observer: _hooks.Callback | None = None) -> _hooks.FitResult:
+             observer: _hooks.Callback | None = None) -> _context.FitResult:
     """Train ``backend`` on ``steps`` as ``settings`` say; returns this rank's
     :class:`~hvdsync.core.train.callbacks.FitResult`.
 
@@ -249,8 +250,8 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
                 for e in range(resume.epoch, settings.epochs))
     bar = Progress(total if resume.epoch < settings.epochs else 0, rank,
                    desc=progress_desc or f"{backend.framework} x{size}")
-    result = _hooks.FitResult(backend.framework, size, rank, settings.epochs, float("nan"))
-    ctx = _hooks.TrainContext(settings, backend, tracker, plan, result, rank, size, epoch=resume.epoch,
+    result = _context.FitResult(backend.framework, size, rank, settings.epochs, float("nan"))
+    ctx = _context.TrainContext(settings, backend, tracker, plan, result, rank, size, epoch=resume.epoch,
                               position=resume.consumed, steps=steps, steps_before=steps_before, state=state)
     # The observer first (per-step and per-rank figures, monitor checks, the run's artifacts), then the loop's own.
     own = [observer] if observer is not None else []
@@ -305,7 +306,7 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
             result.warnings = [*hooks.messages, *tracker.messages]
 
 
-def _finish(ctx: _hooks.TrainContext, start: float) -> None:
+def _finish(ctx: _context.TrainContext, start: float) -> None:
     result, backend = ctx.result, ctx.backend
     result.total_seconds = time.perf_counter() - start
     result.test_accuracy = result.history[-1].get("test_accuracy", float("nan")) if result.history else float("nan")
@@ -325,15 +326,12 @@ def _finish(ctx: _hooks.TrainContext, start: float) -> None:
     ctx.tracker.log_metrics(final, step=ctx.settings.epochs)
 
 
-# Moved to hvdsync.core.train.callbacks in 0.3.0 (the loop's hooks and what they see, in a module below the loop, so
-# that the callbacks import no loop and the loop no callback back): the old names keep importing until 0.4.0.
-_MOVED = ("Callback", "TrainContext", "FitResult")
-
-
+# Moved out of the loop in 0.3.0 (the loop's hooks and what they see, in modules below the loop, so that the callbacks
+# import no loop and the loop no callback back). All three are the adapters' public names (hvdsync.torch.FitResult):
+# the old names keep importing, warning, until 0.4.0.
 def __getattr__(name: str):
-    if name in _MOVED:
-        warnings.warn(f"hvdsync.core.train.loop.{name} moved to hvdsync.core.train.callbacks in hvdsync 0.3.0: import "
-                      f"{name} from hvdsync.core.train.callbacks (the old path goes in 0.4.0)", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(_hooks, name)
+    if name in ("Callback", "TrainContext", "FitResult"):
+        warnings.warn(f"hvdsync.core.train.loop.{name} is public as hvdsync.torch.{name} and hvdsync.tensorflow.{name}: "
+                      f"import {name} from your adapter (the old path goes in 0.4.0)", DeprecationWarning, stacklevel=2)
+        return getattr(_hooks if name == "Callback" else _context, name)
     raise AttributeError(f"module 'hvdsync.core.train.loop' has no attribute {name!r}")

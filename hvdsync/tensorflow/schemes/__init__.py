@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import keras
 
-from hvdsync.core.comm.codecs import WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.tensorflow.schemes.base import DistributedOptimizer
 from hvdsync.tensorflow.schemes.gossip import GossipOptimizer
 from hvdsync.tensorflow.schemes.local_sgd import LocalSGDOptimizer

@@ -23,7 +23,9 @@ import keras
 import tensorflow as tf
 
 from hvdsync.config import SyncConfig
-from hvdsync.core.comm.codecs import Codec, WireCounter, get_codec
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.base import Codec
+from hvdsync.core.comm.codecs.registry import get_codec
 from hvdsync.tensorflow.compression import make_reducer
 from hvdsync.tensorflow.sparse import add_slices, allgather_rows
 

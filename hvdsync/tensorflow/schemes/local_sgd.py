@@ -7,7 +7,8 @@ import keras
 import tensorflow as tf
 
 from hvdsync.config import SyncConfig
-from hvdsync.core.comm.codecs import Codec, WireCounter
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.base import Codec
 from hvdsync.core.comm.schemes import local_sgd
 from hvdsync.tensorflow.compression import record_all_on_wire
 from hvdsync.tensorflow.schemes.base import DistributedOptimizer

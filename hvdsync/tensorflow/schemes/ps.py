@@ -7,7 +7,8 @@ import keras
 import tensorflow as tf
 
 from hvdsync.config import SyncConfig
-from hvdsync.core.comm.codecs import Codec, WireCounter
+from hvdsync.core.comm.codecs import WireCounter
+from hvdsync.core.comm.codecs.base import Codec
 from hvdsync.core.comm.schemes.ps import push_bytes, push_splits, server_count
 from hvdsync.core.comm.traffic import chunk_bounds
 from hvdsync.tensorflow.compression import TFOps, record_all_on_wire

@@ -18,11 +18,18 @@ The maths is written against :class:`~hvdsync.core.comm.codecs.base.Ops` (kernel
 per-parameter state is a :class:`~hvdsync.core.comm.codecs.state.CodecState` (saved with ``state_dict()``), and
 :func:`~hvdsync.core.comm.codecs.driver.reduce_all` runs a codec over all parameters in rounds of collectives.
 """
-from hvdsync.core.comm.codecs.base import (Allgather, Allreduce, Codec, Ops, ReduceContext, WireCounter, mix_seed,
-                                      numel)
+from hvdsync.core._moved import to_adapters
+from hvdsync.core.comm.codecs.base import Allgather, Allreduce, Ops, ReduceContext, WireCounter, mix_seed, numel
 from hvdsync.core.comm.codecs.driver import reduce_all
-from hvdsync.core.comm.codecs.registry import CODECS, choices, get_codec, register_codec
-from hvdsync.core.comm.codecs.state import CodecState, codec_state_of
+from hvdsync.core.comm.codecs.registry import CODECS, choices, register_codec
+from hvdsync.core.comm.codecs.state import codec_state_of
 
-__all__ = ["Allgather", "Allreduce", "CODECS", "Codec", "CodecState", "Ops", "ReduceContext", "WireCounter",
-           "choices", "codec_state_of", "get_codec", "mix_seed", "numel", "reduce_all", "register_codec"]
+__all__ = ["Allgather", "Allreduce", "CODECS", "Ops", "ReduceContext", "WireCounter", "choices", "codec_state_of",
+           "mix_seed", "numel", "reduce_all", "register_codec"]
+
+# get_codec, Codec and CodecState are the adapters' public names (hvdsync.torch.get_codec, ...): taken from this
+# package they warn, naming the adapter, until 0.4.0. hvdsync imports them from the modules that define them
+# (registry, base, state), which do not warn.
+__getattr__ = to_adapters(__name__, {"get_codec": "hvdsync.core.comm.codecs.registry",
+                                     "Codec": "hvdsync.core.comm.codecs.base",
+                                     "CodecState": "hvdsync.core.comm.codecs.state"}, until="0.4.0")
