@@ -89,7 +89,7 @@ def with_ledger(callbacks: Sequence[Callback], record_reads: bool, call: str, st
     callbacks = list(callbacks)
     if record_reads:
         warnings.warn(f"{call}(record_reads=True) is deprecated since hvdsync 0.2.0 and goes in 0.3.0: pass "
-                      "callbacks=[SampleLedger()] (from hvdsync.core.elastic.ledger import SampleLedger); the "
+                      "callbacks=[SampleLedger()] (from hvdsync.torch or hvdsync.tensorflow import SampleLedger); the "
                       "result's reads and timeline are the same", DeprecationWarning, stacklevel=stacklevel + 1)
         if not any(isinstance(c, SampleLedger) for c in callbacks):
             callbacks.append(SampleLedger())
