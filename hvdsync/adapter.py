@@ -7,7 +7,7 @@ and names, each with its reason, what exists in one framework only.
 
 The settings reach an adapter already checked: a :class:`~hvdsync.config.SyncConfig` checks every field when it is
 built (from the CLI, a YAML file or ``Config.from_dict``), and the adapters' builders take it as it is, together with
-the codec built once from it (:func:`hvdsync.core.comm.codecs.get_codec`). A script of your own may pass keyword
+the codec built once from it (`get_codec`, in both adapters). A script of your own may pass keyword
 shortcuts instead (``distributed_optimizer(opt, compression="fp16", accumulate=4)``): :func:`sync_settings` turns
 them into a checked ``SyncConfig``, for both frameworks alike.
 """
