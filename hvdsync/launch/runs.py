@@ -23,19 +23,12 @@ from hvdsync.config import Config, ConfigError
 from hvdsync.core.telemetry.tracking import FINAL_METRICS, resolve_uri
 from hvdsync.launch import runs_compare
 from hvdsync.launch.options import train_options
-from hvdsync.launch.runs_checks import (spool_target, stop_group, store_error, check_port, check_store,
-                                        wait_until_up)
+from hvdsync.launch.runs_checks import (spool_target, stop_group, store_error, check_port, wait_until_up,
+                                        store_client as _client)
+from hvdsync.launch.runs_compare import fmt as _fmt, table as _table
 
 # The final figures ``runs list`` shows (the first three) and ``--json`` callers read.
 SHOWN_METRICS = ("final_test_accuracy", "train_loss", "Key/samples_per_second", "total_seconds", "wire_bytes")
-
-
-def _client(uri: str, must_exist: bool = False):
-    import mlflow
-
-    uri = resolve_uri(uri)
-    check_store(uri, must_exist)
-    return mlflow.MlflowClient(tracking_uri=uri)
 
 
 def _experiment_ids(client, name: str | None) -> list[str]:
@@ -45,15 +38,6 @@ def _experiment_ids(client, name: str | None) -> list[str]:
             raise ConfigError(f"--experiment: {name!r} does not exist in this store")
         return [exp.experiment_id]
     return [e.experiment_id for e in client.search_experiments()]
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 # ---- list -------------------------------------------------------------------------------------------------------
@@ -241,7 +225,7 @@ def _cmd_reproduce(ns) -> int:
 
 
 # ---- sweep (hvdsync.launch.runs_sweep) -------------------------------------------------------------------------
-from hvdsync.launch.runs_sweep import _cmd_sweep, grid, sweep  # noqa: E402,F401 - `hvdsync.launch.runs.sweep` as before
+from hvdsync.launch.runs_sweep import cmd_sweep, grid, sweep  # noqa: E402,F401 - `hvdsync.launch.runs.sweep` as before
 
 
 # ---- argument parsing (called from hvdsync.launch.cli) ---------------------------------------------------------
@@ -307,7 +291,7 @@ def main(ns: argparse.Namespace, base: Config | None = None) -> int:
     for key, value in HTTP_ENV.items():
         os.environ.setdefault(key, value)
     if ns.command == "sweep":
-        return _cmd_sweep(ns, base)
+        return cmd_sweep(ns, base)
     try:
         return ns.handler(ns)
     except Exception as exc:

@@ -16,6 +16,16 @@ from hvdsync.config import ConfigError
 from hvdsync.core.telemetry.tracking import resolve_uri
 
 
+def store_client(uri: str, must_exist: bool = False):
+    """An ``mlflow.MlflowClient`` on the store ``uri`` (resolved as jobs resolve it), once :func:`check_store` found
+    nothing wrong with it."""
+    import mlflow
+
+    uri = resolve_uri(uri)
+    check_store(uri, must_exist)
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
 def check_store(uri: str, must_exist: bool = False) -> None:
     """One :class:`ConfigError` line for a local SQLite store MLflow cannot read: missing (where ``must_exist``:
     reading a store that is not there would create an empty one), not a database, or written by a newer MLflow."""

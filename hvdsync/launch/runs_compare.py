@@ -67,16 +67,24 @@ def compare(client, run_ids: list[str], baseline: str | None = None, out: str | 
     return report
 
 
+def table(rows: list[list[str]]) -> str:
+    """``rows`` as left-aligned columns (the first row the header)."""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def table_rows(report: dict, run_ids: list[str]) -> list[list[str]]:
     """The figures table: one row per figure, ``value (ratio)`` per run."""
-    from hvdsync.launch.runs import _fmt
-
     rows = [["figure (after warm-up)", *(r[:8] for r in run_ids)]]
     for name, _better in FIGURES:
         values = [report["metrics"][r][name] for r in run_ids]
         if all(v is None for v in values):
             continue
-        rows.append([name, *(f"{_fmt(report['metrics'][r][name])} ({_fmt(report['ratios'][r][name])})"
+        rows.append([name, *(f"{fmt(report['metrics'][r][name])} ({fmt(report['ratios'][r][name])})"
                              for r in run_ids)])
     return rows
 

@@ -15,18 +15,8 @@ import time
 
 from hvdsync.config import Config, ConfigError
 from hvdsync.launch import runs_compare
-
-
-def _client(uri: str):
-    from hvdsync.launch.runs import _client as client
-
-    return client(uri)
-
-
-def _table(rows: list[list[str]]) -> str:
-    from hvdsync.launch.runs import _table as table
-
-    return table(rows)
+from hvdsync.launch.runs_checks import store_client as _client
+from hvdsync.launch.runs_compare import table as _table
 
 
 def grid(sweeps: list[str]) -> list[list[str]]:
@@ -160,7 +150,8 @@ def _summarise(client, parent: str, combos: list[list[str]], results: list[dict 
     return {"run_id": best[1], "overrides": best[2], "test_accuracy": best[0]}
 
 
-def _cmd_sweep(ns, base: Config) -> int:
+def cmd_sweep(ns, base: Config) -> int:
+    """``hvdsync sweep``: run the grid, print each child's figures and the best child."""
     out = sweep(base, ns.sweeps, quiet=not ns.verbose)
     rows = [["overrides", "test accuracy", "samples/s", "run id"]]
     for combo, res in out["children"]:
