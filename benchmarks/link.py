@@ -135,7 +135,7 @@ def job(argv: list[str]) -> int:
     and every worker's placement."""
     from hvdsync import launch
     from hvdsync.config import Config
-    from hvdsync.launch.local import preflight
+    from hvdsync.launch.base import preflight
 
     spec = json.loads(argv[0])
     cfgs = [Config.from_dict(c) for c in spec["configs"]]

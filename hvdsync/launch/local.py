@@ -74,7 +74,7 @@ def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool =
     """Train several configs one after the other in *one* job of workers (one Horovod start-up for all); returns
     rank 0's result of each, as :meth:`FitResult.to_dict` plus ``numel``, ``wire_bytes_per_step_formula`` (what
     the codec's formula says one rank hands to Horovod per step), ``skipped_steps`` (mixed precision) and
-    ``step_spread_max`` (with ``callbacks=[StepSpread()]``, :class:`hvdsync.core.telemetry.monitor.StepSpread`: the
+    ``step_spread_max`` (with ``callbacks=[StepSpread()]``, :class:`hvdsync.torch.StepSpread`: the
     largest difference between the ranks' parameter fingerprints after any step; 0.0 means identical after every
     step; None without it) and ``link_bytes`` (what rank 0's host sent
     and received on the job's network interface during that config's training, from the interface's counters, where
@@ -101,7 +101,7 @@ def train_many(cfgs: list[Config], check_every_step: bool = False, quiet: bool =
         from hvdsync.core.telemetry._spread import StepSpread
 
         warnings.warn("train_many(check_every_step=True) is deprecated since hvdsync 0.2.0 and goes in 0.3.0: pass "
-                      "callbacks=[StepSpread()] (hvdsync.core.telemetry.monitor.StepSpread)", DeprecationWarning,
+                      "callbacks=[StepSpread()] (hvdsync.torch.StepSpread or hvdsync.tensorflow.StepSpread)", DeprecationWarning,
                       stacklevel=2)
         callbacks = [*callbacks, StepSpread()]
     results = run(worker.fit_many, args=([c.to_dict() for c in cfgs], tuple(callbacks)), np=first.train.np,
