@@ -23,7 +23,7 @@ class SyncConfig:
     Args:
         compression: codec for gradients on the wire, ``name`` or ``name:param``: ``none``, ``fp16``, ``bf16``,
             ``topk:<ratio>``, ``randk:<ratio>`` (ratio in (0, 1]), ``int8``, ``powersgd:<rank>`` (see
-            :mod:`hvdsync.core.comm.codecs`). ``none`` and ``fp16`` are the cast codecs: the whole gradient, in
+            :func:`hvdsync.torch.get_codec`). ``none`` and ``fp16`` are the cast codecs: the whole gradient, in
             another dtype, through Horovod's all-reduce. ``bf16`` sends as many bytes as ``fp16`` but is not one:
             Horovod cannot all-reduce bfloat16, so the values travel by allgather and each rank sums them in float32;
             with ``op: adasum`` or ``sparse: allgather`` only a cast codec goes.
@@ -204,7 +204,7 @@ class TrainConfig:
             callbacks.
         callbacks: callbacks registered by name (:func:`hvdsync.registry.register_callback`, in a plugin module)
             that hvdsync's training loop runs in every worker, elastic runs included: user code that observes or
-            acts on each step and epoch (:class:`hvdsync.core.train.callbacks.Callback`). Keras ``fit`` takes Keras
+            acts on each step and epoch (:class:`hvdsync.torch.Callback`). Keras ``fit`` takes Keras
             callbacks instead.
         np: number of Horovod worker processes the launcher starts.
         epochs: passes over the training set.
@@ -212,7 +212,7 @@ class TrainConfig:
         lr_scaling: ``none`` keeps ``lr``; ``linear`` multiplies it by the number of workers (the usual rule when
             the global batch grows with the workers).
         growth_lr: how the learning rate follows ``data.batch_growth``'s factor f: ``sqrt`` (x sqrt(f)),
-            ``linear`` (x f) or ``none`` (:func:`hvdsync.core.train.scaling.grown_lr`).
+            ``linear`` (x f) or ``none`` (:func:`hvdsync.torch.grown_lr`).
         optimizer: ``sgd`` (with ``momentum``) or ``adam``.
         momentum: SGD's momentum (with ``optimizer: sgd``; ``adam`` does not use it).
         hidden: width of the MLP's hidden layer (the CNN's channels: a multiple of 4).
