@@ -133,7 +133,7 @@ class Adapter(Protocol):
     def fit_elastic(self, cfg=None, data: Dataset | None = None, record_reads: bool = False, *,
                     callbacks: Sequence = ()) -> ElasticResult:
         """hvdsync's built-in model trained elastically, with ``callbacks`` in its loop (e.g.
-        :class:`~hvdsync.core.elastic.ledger.SampleLedger`). ``record_reads=True`` is deprecated: it adds a
+        :class:`~hvdsync.torch.SampleLedger`). ``record_reads=True`` is deprecated: it adds a
         ``SampleLedger``."""
 
 
@@ -142,7 +142,7 @@ ACCUMULATION_RULE = """\
 The accumulation rule, the same in both frameworks: the optimizer applies the SUM of the ``accumulate`` backward
 passes' gradients, combined across ranks by ``op``. In a loop of your own, each pass's loss is its micro-batch's
 summed loss (the batch mean times the micro-batch's size) times
-:func:`~hvdsync.core.train.scaling.loss_scale` of the global step, whose sample count covers every pass; the
+:func:`~hvdsync.torch.loss_scale` of the global step, whose sample count covers every pass; the
 update is then the gradient of the mean loss over the global step. Keras' ``compile``/``fit`` feeds batch-mean
 losses instead: there TensorFlow's optimizer divides each by ``accumulate`` in its ``scale_loss``, the one place
 that applies Keras' averaging."""

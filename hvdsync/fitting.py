@@ -74,7 +74,7 @@ def fit_loop(cfg, backend, steps, evaluate=None, tracker: Tracker | None = None,
 
 
 def with_ledger(callbacks: Sequence[Callback], record_reads: bool, call: str, stacklevel: int = 2) -> list[Callback]:
-    """``callbacks`` as a new list, with a :class:`~hvdsync.core.elastic.ledger.SampleLedger` added (unless one is
+    """``callbacks`` as a new list, with a :class:`~hvdsync.torch.SampleLedger` added (unless one is
     there) where the deprecated ``record_reads=True`` asks for it, with the ``DeprecationWarning`` that names
     ``callbacks=[SampleLedger()]``. Every ``record_reads`` that goes in 0.3.0 (``fit_elastic`` and the elastic
     launchers) says it this way, naming its own ``call``.
@@ -107,7 +107,7 @@ def fit_elastic_with(init: Callable, build: Callable, make_state: Callable, run_
 
     ``callbacks`` are made once per process and live on across resets, e.g. ``callbacks=[SampleLedger()]`` for the
     result's ``reads`` and ``timeline``. ``record_reads=True`` is deprecated (it goes in 0.3.0): pass ``callbacks=[SampleLedger()]``
-    (:class:`hvdsync.core.elastic.ledger.SampleLedger`)."""
+    (:class:`hvdsync.torch.SampleLedger`)."""
     # stacklevel 3: the warning points at the user's call of the adapter's fit_elastic, which called this.
     callbacks = with_ledger(callbacks, record_reads, "fit_elastic", stacklevel=3)
     cfg = cfg or Config()

@@ -7,7 +7,7 @@ hvdsync's build patches them for Keras 3, and these add the data plan, hvdsync's
     MLflowCallback                     the run in MLflow, written by rank 0 through hvdsync's tracker
 
 :func:`standard_callbacks` returns them in the order that matters (metrics averaged before anything logs them).
-The framework-free parts live in the core: the warm-up rule in :func:`hvdsync.core.train.scaling.warmup_lr`, the tracker
+The framework-free parts live in the core: the warm-up rule (:func:`hvdsync.tensorflow.warmup_lr`), the tracker
 in :mod:`hvdsync.core.telemetry.tracking`; a PyTorch loop uses the same ones.
 
 Example::
@@ -121,7 +121,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):
     """Raise the learning rate linearly from ``target_lr / hvd.size()`` to ``target_lr`` over the first
-    ``warmup_epochs`` epochs, batch by batch (:func:`hvdsync.core.train.scaling.warmup_lr`), then leave it at
+    ``warmup_epochs`` epochs, batch by batch (:func:`hvdsync.tensorflow.warmup_lr`), then leave it at
     ``target_lr`` (Goyal et al.; Horovod's callback of the same name, without its momentum correction).
 
     Args:

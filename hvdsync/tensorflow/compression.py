@@ -269,7 +269,7 @@ def make_reducer(sync, codec: Codec, shapes: Sequence[tuple[int, ...]], counter:
                  seed: int = 0, optimizer=None):
     """The reducer for ``codec`` (the optimizer's one codec, built from ``sync.compression``): a
     :class:`CastReducer` or a :class:`CodecReducer`; both have ``reduce(grads)``, ``counter`` and ``state``
-    (``None`` or a :class:`~hvdsync.core.comm.codecs.CodecState`). ``sync``: the checked settings (op, error
+    (``None`` or a :class:`~hvdsync.tensorflow.CodecState`). ``sync``: the checked settings (op, error
     feedback, momentum correction). ``optimizer``: the local Keras optimizer, whose SGD momentum the codec takes
     under ``sync.momentum_correction``."""
     if optimizer is not None and sync.momentum_correction and codec.takes_momentum(sync.error_feedback):

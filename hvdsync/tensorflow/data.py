@@ -1,4 +1,4 @@
-"""``tf.data`` by the core plan (:mod:`hvdsync.core.train.sharding`): the plan's index stream for the user's own pipeline
+"""``tf.data`` by the core plan (:class:`hvdsync.tensorflow.ShardPlan`): the plan's index stream for the user's own pipeline
 (:class:`PlanSampler`, also a Keras callback), and a loader over in-memory arrays (:class:`ShardedLoader`)."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class PlanSampler(keras.callbacks.Callback):
             then changes between epochs and is not asserted.
         growth_lr: with ``growth``, as a Keras callback the sampler sets the optimizer's learning rate of each
             epoch by this rule (``train.growth_lr``: ``sqrt``, ``linear``, ``none``;
-            :func:`hvdsync.core.train.scaling.grown_lr`) from the rate it had when ``fit`` first started.
+            :func:`hvdsync.tensorflow.grown_lr`) from the rate it had when ``fit`` first started.
 
     A growing batch with Keras' ``fit``: each epoch has fewer batches than the one before, so the stream's length is
     not declared; Keras learns the first epoch's length and ends each later epoch when its pass runs out (the
@@ -212,7 +212,7 @@ class ShardedLoader(PlanLoader):
     """This rank's planned steps as a ``tf.data.Dataset``: one element per optimizer step.
 
     An element is a tuple of ``plan.accumulate`` ``(x, y)`` micro-batches plus the step's ``global_count`` (what
-    :func:`hvdsync.core.train.scaling.loss_scale` needs). Micro-batches on the last step may be smaller, even empty, so
+    :func:`hvdsync.tensorflow.loss_scale` needs). Micro-batches on the last step may be smaller, even empty, so
     the batch dimension is ``None``. Every rank gets the same number of steps and micro-batches, so collectives never
     wait on a rank that ran out of data. Iterating the loader itself yields ``(micro_batches, step)`` pairs, like
     :class:`hvdsync.torch.ShardedLoader`; call ``set_epoch(e)`` before each epoch.

@@ -74,7 +74,7 @@ class TensorFlowBackend:
         self.precision = precision if precision is not None else MixedPrecision("fp32")
         optimizer = self.precision.wrap(optimizer)
         # The optimizer sums the accumulated passes (the accumulation rule): the loop scales each pass's loss by its
-        # share of the global step (hvdsync.core.train.scaling), so the sum is the global-step mean.
+        # share of the global step (hvdsync.core.train._scaling), so the sum is the global-step mean.
         self.optimizer = distributed_optimizer(optimizer, model, sync, seed=seed)
         self.precision.attach(self.optimizer)
         self.wire = self.optimizer.counter  # what the optimizer's compressor hands to Horovod
@@ -157,7 +157,7 @@ class TensorFlowBackend:
                 loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
             else:  # the user's loss is the batch mean (Keras' convention): times the batch size it is the sum
                 loss = self.loss(y, logits) * tf.cast(tf.shape(x)[0], tf.float32)
-            # Summed loss times the global-step scale (hvdsync.core.train.scaling): the optimizer *adds* each pass's
+            # Summed loss times the global-step scale (hvdsync.core.train._scaling): the optimizer *adds* each pass's
             # gradients, so after `accumulate` passes the sum is the gradient of the mean over the whole global step.
             scaled = self.precision.scale_loss(loss * scale)
         return loss, tape.gradient(scaled, self.model.trainable_variables)
@@ -265,7 +265,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
         num_workers: int = 0, timer: PhaseTimer | None = None) -> FitResult:
     """Initialise this TensorFlow worker and train with the shared loop; returns this rank's
-    :class:`~hvdsync.core.train.callbacks.FitResult`. The same arguments as :func:`hvdsync.torch.fit`; ``train`` and
+    :class:`~hvdsync.tensorflow.FitResult`. The same arguments as :func:`hvdsync.torch.fit`; ``train`` and
     ``num_workers`` (a torch ``DataLoader``'s) raise an error that says what to use here (a ``tf.data`` pipeline of
     your own goes through Keras' ``fit`` with :class:`~hvdsync.tensorflow.PlanSampler`).
 

@@ -346,7 +346,7 @@ class CodecOptimizer(LocalOptimizerView):
     Args:
         optimizer: the local optimizer; named_parameters: ``model.named_parameters()``.
         sync: the checked :class:`~hvdsync.config.SyncConfig` (op, error feedback, momentum correction).
-        codec: the reducing codec built from ``sync.compression`` (:func:`hvdsync.core.comm.codecs.get_codec`).
+        codec: the reducing codec built from ``sync.compression`` (:func:`hvdsync.torch.get_codec`).
         counter: records every tensor handed to Horovod; seed: the global seed of the codec's random choices.
 
     Example:

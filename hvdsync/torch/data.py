@@ -1,4 +1,4 @@
-"""Data for PyTorch by the core plan (:mod:`hvdsync.core.train.sharding`): a batch sampler for the user's own ``Dataset``
+"""Data for PyTorch by the core plan (:class:`hvdsync.torch.ShardPlan`): a batch sampler for the user's own ``Dataset``
 read by a ``DataLoader``, and a loader over in-memory arrays."""
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class PlanSampler(PlanCursor, Sampler):
         return super().rebalance(work_seconds, allgather or _allgather)
 
     def scale(self, step: Step) -> float:
-        """The factor for a micro-batch's summed loss in ``step`` (:func:`hvdsync.core.train.scaling.loss_scale`)."""
+        """The factor for a micro-batch's summed loss in ``step`` (:func:`hvdsync.torch.loss_scale`)."""
         return loss_scale(step.global_count, self.plan.world_size, self.op)
 
 
@@ -123,7 +123,7 @@ class ShardedLoader(PlanLoader):
     """Yields this rank's planned steps of in-memory arrays as tensors: ``(micro_batches, step)`` per step.
 
     ``micro_batches`` is a list of ``plan.accumulate`` ``(x, y)`` tensor pairs (zero-copy views of the numpy
-    arrays); ``step.global_count`` is what :func:`hvdsync.core.train.scaling.loss_scale` needs. Every rank gets the same
+    arrays); ``step.global_count`` is what :func:`hvdsync.torch.loss_scale` needs. Every rank gets the same
     number of steps and micro-batches, so collectives never wait on a rank that ran out of data. Call
     ``set_epoch(e)`` before each epoch (like ``DistributedSampler``). For a ``Dataset`` read by a ``DataLoader``
     use :class:`PlanSampler`.

@@ -103,7 +103,7 @@ class TorchBackend:
                 x, y = self._to_device(x), self._to_device(y)
                 with self.precision.autocast():
                     loss = self.loss(self.model(x), y)
-                # The loss is the micro-batch's mean: times n it is the sum, times `scale` (hvdsync.core.train.scaling)
+                # The loss is the micro-batch's mean: times n it is the sum, times `scale` (hvdsync.core.train._scaling)
                 # each sample weighs 1 / (samples in the global step). Backward passes *add* into .grad, so after
                 # all micro-batches the gradient is the mean over the whole global step, also on a short last step.
                 self.precision.backward(loss * (n * scale))
@@ -182,7 +182,7 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
         loss: Loss | None = None, optimizer: torch.optim.Optimizer | None = None, train=None, test=None,
         evaluate: Callable | None = None, callbacks: Sequence[Callback] = (), resume: PlanState | dict | None = None,
         num_workers: int = 0, timer: PhaseTimer | None = None) -> FitResult:
-    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.core.train.callbacks.FitResult`.
+    """Initialise this PyTorch worker and train; returns this rank's :class:`~hvdsync.torch.FitResult`.
 
     With no model or data given it trains what ``cfg`` names (``train.model`` on ``data.dataset``, from
     :mod:`hvdsync.registry`; default: the MLP on digits). With your own pieces:

@@ -8,7 +8,7 @@ world size (the loop's plan from ``PlanState(epoch, consumed)``). No sample of t
 skipped, whatever the sizes before and after.
 
 The callbacks see the state (``TrainContext.state``): what they keep in ``state.user`` is committed with the model
-and rolled back with it. :class:`~hvdsync.core.elastic.ledger.SampleLedger` counts that way which samples each rank
+and rolled back with it. :class:`~hvdsync.core.elastic._ledger.SampleLedger` counts that way which samples each rank
 trained on, and the result carries its counts (``ElasticResult.reads``, ``.timeline``).
 """
 from __future__ import annotations
@@ -168,7 +168,7 @@ def elastic_fit(state: CommittedState, settings: LoopSettings, backend, data: Da
         data: the dataset (same arrays on every rank).
         callbacks: more :class:`~hvdsync.core.train.callbacks.Callback` objects for the loop (the user's, made once per
             process: they live on across resets); ``TrainContext.job_step`` counts the job's committed steps too,
-            and ``TrainContext.state`` is ``state``. A :class:`~hvdsync.core.elastic.ledger.SampleLedger` among them
+            and ``TrainContext.state`` is ``state``. A :class:`~hvdsync.core.elastic._ledger.SampleLedger` among them
             fills the result's ``reads`` and ``timeline``.
         make_tracker: ``make_tracker(rank)``: the run's tracker, made once per process when it is rank 0 (default:
             no tracking).

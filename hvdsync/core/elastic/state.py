@@ -93,7 +93,7 @@ class CommittedState:
         bcast_object: Horovod's ``broadcast_object`` for the framework (picklable Python objects from rank 0).
         get_rank / get_size: Horovod's ``rank`` / ``size``.
         commit_every: commit every this many optimizer steps.
-        store: a :class:`~hvdsync.core.elastic.checkpoint.CheckpointStore` for durable checkpoints, or None.
+        store: a :class:`~hvdsync.core.elastic._store.CheckpointStore` for durable checkpoints, or None.
         checkpoint_every: rank 0 writes a durable checkpoint every this many commits.
         codec: an object with ``state_dict()`` / ``load_state_dict()`` (compression state), or None.
         on_event: called with each completed reset record (rank 0 prints and tracks it).

@@ -72,7 +72,7 @@ class Observer(Callback):
     Args:
         settings: its :class:`ObserverSettings` (None: their defaults).
 
-    Reads from the :class:`~hvdsync.core.train.callbacks.TrainContext`: ``tracker`` and ``backend`` (``rank``, ``size``,
+    Reads from the :class:`~hvdsync.core.train._context.TrainContext`: ``tracker`` and ``backend`` (``rank``, ``size``,
     ``framework``, ``timer``, ``allgather``, ``parameters``; ``grad_norm()`` where the adapter has it).
     """
 

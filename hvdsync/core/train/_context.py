@@ -60,7 +60,7 @@ class TrainContext:
         backend: the adapter's :class:`~hvdsync.core.train.loop.Backend` (``rank``, ``size``, ``framework``,
             ``timer``, ``wire``, ``allgather``, ``parameters``, ...).
         tracker: the run's :class:`~hvdsync.core.telemetry.tracking.Tracker` (rank 0's records).
-        plan: the :class:`~hvdsync.core.train.sharding.ShardPlan` in force (adaptive shares replace it per epoch).
+        plan: the :class:`~hvdsync.core.train._plan.ShardPlan` in force (adaptive shares replace it per epoch).
         result: the :class:`FitResult` the loop fills.
         epoch: the current epoch; step: optimizer steps done in this epoch (counting those before a resume).
         global_step: optimizer steps done by this run (not counting those before a resume).

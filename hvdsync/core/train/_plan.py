@@ -10,7 +10,7 @@ The rule (also in the README):
 * So every index is read exactly once per epoch, none is skipped, and every rank runs the same number of steps and
   micro-steps. That last point is what prevents the classic deadlock: with per-rank shards of uneven length one
   rank would call allreduce once more than the others and wait forever. On the last, shorter step a rank may get a
-  smaller (even empty) micro-batch; :func:`hvdsync.core.train.scaling.loss_scale` weights each rank's loss by its share of
+  smaller (even empty) micro-batch; :func:`hvdsync.core.train._scaling.loss_scale` weights each rank's loss by its share of
   the global step, so the update still equals a single process's update on the same samples.
 * Unequal shares (``shares``, :mod:`hvdsync.core.train.shares`): each global step is cut in rank order into pieces of
   ``shares[r]`` of its samples (largest remainders), so a slow rank reads fewer. The cut is the only thing that
@@ -55,7 +55,7 @@ class Step:
     @property
     def weight(self) -> float:
         """This rank's weight in the step's gradient (its samples over the step's): the weights of all ranks sum to
-        one, which is what :func:`hvdsync.core.train.scaling.loss_scale` gives each rank's summed loss."""
+        one, which is what :func:`hvdsync.core.train._scaling.loss_scale` gives each rank's summed loss."""
         return self.local_count / self.global_count if self.global_count else 0.0
 
 

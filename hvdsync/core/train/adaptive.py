@@ -2,7 +2,7 @@
 
 Both are :class:`~hvdsync.core.train.callbacks.Callback` objects that :func:`~hvdsync.core.train.loop.fit_loop` adds
 when its settings ask (``LoopSettings.adaptive_shares``, a plan that grows its batch), so they work for every model, loss and step
-source of either framework. The maths is in :mod:`hvdsync.core.train.shares` and :func:`hvdsync.core.train.scaling.grown_lr`.
+source of either framework. The maths is in :mod:`hvdsync.core.train.shares` and :func:`hvdsync.core.train._scaling.grown_lr`.
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class AdaptiveShares(Callback):
 
 class GrowthLearningRate(Callback):
     """Sets the learning rate of each epoch for a growing batch (the plan's ``growth``) by ``rule``
-    (:func:`~hvdsync.core.train.scaling.grown_lr` of the batch factor in force), through ``backend.scale_learning_rate``.
+    (:func:`~hvdsync.core.train._scaling.grown_lr` of the batch factor in force), through ``backend.scale_learning_rate``.
 
     Args:
         rule: how the learning rate follows the batch factor (``train.growth_lr``: ``sqrt``, ...).

@@ -3,7 +3,7 @@
 Each rank reduces its share to per-channel ``[sum, sum of squares, count]``; one all-reduce (sum) of that stack
 gives the global sums, and this turns them into the mean and variance of the whole global batch. Summing counts
 (rather than averaging each rank's mean) keeps the result exact when ranks hold different, even zero, numbers of
-samples, as on the last step of an epoch (see :mod:`hvdsync.core.train.sharding`). Works on numpy arrays and on both
+samples, as on the last step of an epoch (see :mod:`hvdsync.core.train._plan`). Works on numpy arrays and on both
 frameworks' tensors: the adapter passes its element-wise ``maximum``.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ callback does.
 
 A module of its own, below the loop and below telemetry: the features that are callbacks (the observer, the monitor,
 adaptive shares, the elastic ledger) import it without importing the loop, and the loop imports them. It imports
-nothing of hvdsync but the data plan's value types (:mod:`hvdsync.core.train.sharding`), which import nothing back;
+nothing of hvdsync but the data plan's value types (:mod:`hvdsync.core.train._plan`), which import nothing back;
 the loop's and telemetry's objects in the context (settings, backend, tracker) are typed by what they are, in words,
 so that no import (not even one for annotations) runs back up (tests/repo/test_layering.py).
 """

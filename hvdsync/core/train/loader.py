@@ -51,7 +51,7 @@ class PlanLoader:
 class PlanCursor:
     """A position in the plan that survives restarts and resizes: the framework-free core of a sampler.
 
-    It holds ``(epoch, consumed)`` (a :class:`~hvdsync.core.train.sharding.PlanState`); :meth:`micro_batches` lists the
+    It holds ``(epoch, consumed)`` (a :class:`~hvdsync.core.train._plan.PlanState`); :meth:`micro_batches` lists the
     non-empty micro-batches this rank still has to read in the epoch (what a ``DataLoader``'s batch sampler yields;
     a loader cannot collate an empty batch) and :meth:`group` turns the loader's batches back into optimizer steps,
     advancing ``consumed`` as each step comes out. ``hvdsync.torch.PlanSampler`` is this plus ``torch``'s ``Sampler``

@@ -80,12 +80,12 @@ class LoopSettings:
     Attributes:
         epochs: epochs to train (a resumed run goes on to this count).
         op: how the ranks' gradients combine (``average`` or ``sum``): the loss scale of each step
-            (:func:`~hvdsync.core.train.scaling.loss_scale`).
-        batch_size, accumulate, seed, shuffle, batch_growth: the :class:`~hvdsync.core.train.sharding.ShardPlan`
+            (:func:`~hvdsync.core.train._scaling.loss_scale`).
+        batch_size, accumulate, seed, shuffle, batch_growth: the :class:`~hvdsync.core.train._plan.ShardPlan`
             that reads a :class:`~hvdsync.core.train.data.Dataset` (:meth:`plan`).
         adaptive_shares: re-divide each epoch's steps by the ranks' measured speed
             (:class:`~hvdsync.core.train.adaptive.AdaptiveShares`).
-        growth_lr: how the learning rate follows a growing batch (:func:`~hvdsync.core.train.scaling.grown_lr`).
+        growth_lr: how the learning rate follows a growing batch (:func:`~hvdsync.core.train._scaling.grown_lr`).
         params: the run parameters the tracker records (``world_size`` is added).
 
     Example:
@@ -203,7 +203,7 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
              params: Mapping[str, Any] | None = None, steps_before: int = 0, state: Any = None,
              observer: _hooks.Callback | None = None) -> _context.FitResult:
     """Train ``backend`` on ``steps`` as ``settings`` say; returns this rank's
-    :class:`~hvdsync.core.train.callbacks.FitResult`.
+    :class:`~hvdsync.core.train._context.FitResult`.
 
     A script with a config calls :func:`hvdsync.fitting.fit_loop` (the same arguments, with the config first): it
     builds the settings, the tracker and the recorded parameters from the config and calls this function.

@@ -3,7 +3,7 @@
 Straggler-aware shares. In lock-step training every global step waits for the slowest rank. If rank r reads
 ``shares[r]`` of each global step instead of ``1 / W``, and the shares follow the ranks' measured throughput
 (samples per second of *work*: a step's time minus its wait in the all-reduce, from the phase timers), every rank
-finishes its piece at about the same time. :class:`~hvdsync.core.train.sharding.ShardPlan` cuts each global step by the
+finishes its piece at about the same time. :class:`~hvdsync.core.train._plan.ShardPlan` cuts each global step by the
 shares (:func:`split_counts`); nothing else changes: the same global step (so the same update), the same number of
 steps and micro-batches on every rank (so no rank waits in an all-reduce another never joins), every sample once per
 epoch, and the loss scale already weighs each rank by its local count (``Step.weight``, summing to one).
@@ -16,7 +16,7 @@ the same gathered numbers with the same arithmetic, so the plans agree bit for b
 A growing batch. ``growth`` lists ``(epoch, factor)``: from that epoch on each rank's batch is ``factor`` times
 ``data.batch_size`` (Smith et al. 2018, "Don't decay the learning rate, increase the batch size"); the epoch then has
 ``factor`` times fewer steps, hence fewer all-reduces. The learning rate follows by
-:func:`hvdsync.core.train.scaling.grown_lr` (``linear`` or ``sqrt``).
+:func:`hvdsync.core.train._scaling.grown_lr` (``linear`` or ``sqrt``).
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def balanced_shares(samples: Sequence[float], seconds: Sequence[float],
 
 
 def local_weights(steps: Sequence[Any]) -> np.ndarray:
-    """Each rank's weight in one global step (``steps[r]`` is rank r's :class:`~hvdsync.core.train.sharding.Step`): its
+    """Each rank's weight in one global step (``steps[r]`` is rank r's :class:`~hvdsync.core.train._plan.Step`): its
     samples over the step's. They sum to one; the loss scale gives each rank's summed loss exactly this weight."""
     return np.array([s.weight for s in steps], dtype=np.float64)
 
@@ -149,7 +149,7 @@ def rebalanced(plan: Any, epoch: int, rank: int, work_seconds: float, allgather:
     :class:`~hvdsync.core.telemetry.profiling.PhaseTimer`).
 
     Args:
-        plan: the :class:`~hvdsync.core.train.sharding.ShardPlan` that ``epoch`` ran with.
+        plan: the :class:`~hvdsync.core.train._plan.ShardPlan` that ``epoch`` ran with.
         allgather: ``allgather(np.ndarray) -> np.ndarray`` of shape ``(world_size, 2)``.
     """
     samples = sum(s.local_count for s in plan.epoch(epoch, rank))

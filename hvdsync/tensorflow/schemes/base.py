@@ -54,12 +54,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       :meth:`scale_loss`, which divides it by ``accumulate``: ``accumulate`` batches of ``b`` then weigh like one
       batch of ``accumulate*b``, as with Keras' own ``gradient_accumulation_steps``.
     * Your loop: ``apply_gradients(zip(grads, variables))`` once per backward pass, on the loss the rule asks for
-      (summed, times :func:`~hvdsync.core.train.scaling.loss_scale`); every ``accumulate``-th call all-reduces and
+      (summed, times :func:`~hvdsync.tensorflow.loss_scale`); every ``accumulate``-th call all-reduces and
       updates (a ``tf.cond``: no retrace). A loop on batch-mean losses (Keras' convention, e.g. with
       :class:`~hvdsync.tensorflow.PlanSampler`'s weights) passes each through :meth:`scale_loss`, as Keras does.
     * Phases: ``accumulate(grads)`` per pass, then ``synchronize()`` and ``step()``: the same, with the phases apart
       (the shared loop times them, like PyTorch's ``optimizer.synchronize()``/``step()``; it scales each pass's
-      loss itself: :mod:`hvdsync.core.train.scaling`).
+      loss itself: :func:`hvdsync.tensorflow.loss_scale`).
 
     With ``accumulate=1`` (:attr:`direct`) ``apply_gradients`` all-reduces the gradients it is given and updates at
     once, as a raw Horovod loop does: the sum variables are neither written nor read (they stay zero), so the wrapper
