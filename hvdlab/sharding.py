@@ -1,5 +1,5 @@
 """What goes wrong without a global plan, for teaching (notebook 02) and for the tests that show the failure; the
-plan that does it right is :class:`hvdsync.core.train.sharding.ShardPlan`."""
+plan that does it right is :class:`hvdsync.torch.ShardPlan`."""
 from __future__ import annotations
 
 import numpy as np

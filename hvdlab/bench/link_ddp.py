@@ -7,7 +7,7 @@ and trains the wide MLP with :class:`torch.nn.parallel.DistributedDataParallel` 
 (``powerSGD_hook``, error feedback on, every matrix compressed). What hvdsync's runs get, DDP gets:
 
 * the same samples in the same order: each rank reads its share of every global step of hvdsync's shuffled plan
-  (:class:`hvdsync.core.train.sharding.ShardPlan` from the same seed, :func:`order`), where it used to read every
+  (:class:`hvdsync.torch.ShardPlan` from the same seed, :func:`order`), where it used to read every
   ``size``-th sample unshuffled;
 * the same start: the model built as hvdsync's ``mlp`` after ``torch.manual_seed(seed)``, the data set from the same
   seed, the same lr and batch;

@@ -2,7 +2,7 @@
 
 The same work for all: a model whose parameters start from the same numbers (drawn here with numpy, so that they do
 not depend on a framework's initialisers or on the process), the same synthetic samples, and the same global batch
-of every step, cut per rank by :class:`hvdsync.core.train.sharding.ShardPlan` without shuffling (rank r reads the r-th
+of every step, cut per rank by :class:`hvdsync.torch.ShardPlan` without shuffling (rank r reads the r-th
 half of each global batch). Plain SGD without momentum: after the same steps, one process on the whole global
 batch and two workers averaging the gradients of their halves end with the same parameters up to float rounding,
 which is what :func:`fingerprint` lets the driver check.

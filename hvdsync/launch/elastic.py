@@ -31,7 +31,7 @@ How a job ends, and what hvdsync makes of it:
 What runs in the workers beside the training is the user's: callbacks named in ``train.callbacks``
 (:func:`hvdsync.registry.register_callback`) or handed to :func:`train` (``callbacks=[SampleLedger()]``, each worker
 its own copy) live on across resets. The tests and notebook 10 inject their faults and count their reads that way
-(``hvdlab.faults``, :class:`~hvdsync.core.elastic.ledger.SampleLedger`); nothing here reads a test's variable or
+(``hvdlab.faults``, :class:`~hvdsync.torch.SampleLedger`); nothing here reads a test's variable or
 takes a test's switch.
 """
 from __future__ import annotations
@@ -275,7 +275,7 @@ def train(cfg: Config, quiet: bool = True, progress: bool = True, log_dir: str |
     ``callbacks``: :class:`~hvdsync.core.train.callbacks.Callback` instances for every worker's loop, beside those
     named in ``train.callbacks``; each worker gets its own copy (they travel pickled, so they must pickle), which
     lives on across resets. ``callbacks=[SampleLedger()]`` fills the result's ``reads`` and ``timeline``
-    (:class:`~hvdsync.core.elastic.ledger.SampleLedger`); ``record_reads=True`` is its deprecated spelling (until
+    (:class:`~hvdsync.torch.SampleLedger`); ``record_reads=True`` is its deprecated spelling (until
     0.3.0).
 
     Example:

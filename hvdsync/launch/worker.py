@@ -102,7 +102,7 @@ def fit_elastic_args(cfg: Config, callbacks: Sequence[Callback] = (), record_rea
                      call: str = "train") -> tuple[dict, tuple[Callback, ...]]:
     """The arguments the elastic launchers ship to every worker's :func:`fit_elastic`: the config as a dict and
     ``callbacks`` as given. They travel cloudpickled with the job (:func:`entry`), so each worker trains with its
-    own copy of each callback, which must pickle (a :class:`~hvdsync.core.elastic.ledger.SampleLedger` does).
+    own copy of each callback, which must pickle (a :class:`~hvdsync.torch.SampleLedger` does).
 
     ``record_reads=True`` is the launchers' deprecated spelling of ``callbacks=[SampleLedger()]`` (until 0.3.0): it
     warns, naming ``call`` (the launcher), as :func:`hvdsync.fitting.with_ledger` says, and adds a ledger.
