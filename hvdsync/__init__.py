@@ -5,5 +5,5 @@ The framework-free core lives in :mod:`hvdsync.core`; the adapters are :mod:`hvd
 """
 from hvdsync.config import Config, ConfigError, DataConfig, SyncConfig, TrackingConfig, TrainConfig
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 __all__ = ["Config", "ConfigError", "SyncConfig", "DataConfig", "TrainConfig", "TrackingConfig", "__version__"]

@@ -8,6 +8,7 @@ import tomllib
 import warnings
 
 import pytest
+from packaging.version import Version
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 API = (ROOT / "docs" / "api.md").read_text()
@@ -163,14 +164,15 @@ def test_the_version_is_the_same_in_the_package_the_project_and_the_change_log()
     import hvdsync
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     newest = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M).group(1)
-    assert hvdsync.__version__ == version == newest == "0.2.0"
+    # Between releases the package is the coming one's .dev0 and the change log's newest heading is that release.
+    assert hvdsync.__version__ == version == "0.3.0.dev0" and Version(version).base_version == newest == "0.3.0"
 
 
 def test_the_change_log_has_every_version_newest_first_breaking_moves_first():
     text = (ROOT / "CHANGELOG.md").read_text()
     versions = re.findall(r"^## (\S+)", text, re.M)
-    assert versions == ["0.2.0", "0.1.0"]
-    newest = text.split("\n## 0.1.0")[0]
+    assert versions == ["0.3.0", "0.2.0", "0.1.0"]
+    newest = text.split("\n## 0.2.0")[0]
     sections = re.findall(r"^### (.+)", newest, re.M)
     assert sections[0].startswith("Breaking")
     for old, _, moved, _ in _old_paths():
