@@ -312,7 +312,9 @@ def job_run(cfg: Config, launcher: str, continue_run: str | None = None) -> Iter
     tags = {"framework": cfg.train.framework, "hvdsync.launcher": launcher}
     if cfg.elastic.enabled:
         tags["elastic"] = "true"
-    job = jobrun.begin(cfg.tracking, tags, continue_run)
+    # Named and tagged from the config now, not when rank 0 starts: a job whose workers fail before then still says
+    # in MLflow's table what it was (rank 0 adds the hosts once it knows them).
+    job = jobrun.begin(cfg.tracking, tags, continue_run, params=cfg.flat())
     try:
         with environ(job.env() if job is not None else {}):
             yield job

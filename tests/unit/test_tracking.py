@@ -185,3 +185,20 @@ def test_the_launchers_run_is_continued_by_every_rank_0_and_a_killed_launchers_r
     run = client.get_run(killed.run_id)
     assert run.info.status == "KILLED" and f"pid {gone.pid}" in run.data.tags["hvdsync.ended_by"]
     assert not note.exists()
+
+    # The launcher's run is named and tagged from the config when it is made: a job whose workers fail before any
+    # rank 0 starts (so no tracker ever names it) still says what it was, and ends FAILED.
+    from hvdsync.config import Config
+    from hvdsync.launch.base import WorkerError, job_run
+
+    job_cfg = Config().replace(train={"np": 3}, sync={"compression": "fp16", "accumulate": 2},
+                               tracking={"tracking_uri": store, "experiment": "unit-job",
+                                         "spool_dir": str(spool_dir)})
+    with pytest.raises(WorkerError), job_run(job_cfg, "local") as failed:
+        raise WorkerError("worker 1 failed before rank 0 started")
+    run = client.get_run(failed.run_id)
+    assert run.info.status == "FAILED" and run.info.run_name == "torch x3 fp16 allreduce acc2"
+    assert {k: run.data.tags.get(k) for k in ("framework", "hvdsync.np", "hvdsync.compression", "hvdsync.mode",
+                                             "hvdsync.accumulate", "hvdsync.elastic", "hvdsync.launcher")} == {
+        "framework": "torch", "hvdsync.np": "3", "hvdsync.compression": "fp16", "hvdsync.mode": "allreduce",
+        "hvdsync.accumulate": "2", "hvdsync.elastic": "false", "hvdsync.launcher": "local"}
