@@ -91,9 +91,10 @@ def follow_progress(path: Path, stop: threading.Event, stream: Any) -> None:
                     bar.close()
                 bar = progress_display(record["total"], record.get("desc", "train"), stream)
             elif bar is not None:
-                bar.update(record.pop("n", 1))
-                if record:
+                n = record.pop("n", 1)
+                if record:  # before the update, so the line it draws has them
                     bar.set_postfix({k: f"{v:.4g}" for k, v in record.items()}, refresh=False)
+                bar.update(n)
     if bar is not None:
         bar.close()
 

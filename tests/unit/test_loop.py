@@ -1,5 +1,7 @@
 """The shared loop and the plan cursor in one process: a real numpy backend (softmax regression trained by SGD), no
 Horovod, so the loop's own promises (steps in, callbacks, plan position, resume) are checked on their own."""
+import json
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from hvdsync.core.train.callbacks import Callback
 from hvdsync.core.train.loop import array_evaluator
 from hvdsync.fitting import fit_loop, loop_settings, plan_for
 from hvdsync.core.telemetry.profiling import PhaseTimer
+from hvdsync.core.telemetry.progress import PROGRESS_ENV
 from hvdsync.core.train._plan import PlanState, ShardPlan
 from hvdsync.core.train.shares import split_counts
 
@@ -95,6 +98,23 @@ def test_stopping_and_resuming_equals_one_uninterrupted_run(data):
     assert stopped.plan_state == {"epoch": 0, "consumed": 500}
     fit_loop(cfg, first, data, resume=PlanState.from_dict(stopped.plan_state))
     assert np.abs(first.w - whole.w).max() < 1e-12
+
+
+def test_the_last_progress_line_says_the_logged_train_loss(data, monkeypatch, capsys, tmp_path):
+    """The bar showed rank 0's last step's loss; the run logs the epoch's mean (``result.history`` is the dict the
+    loop hands the tracker). Both the worker's own plain lines and the launcher's records end on the logged one."""
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)       # no launcher: rank 0 prints plain lines (no terminal)
+    result = fit_loop(_cfg(), NumpyBackend(64, 10), data)
+    logged = result.history[-1]["train_loss"]
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("numpy x1: ") and last.endswith(f"train_loss={logged:.4g}")
+    records = tmp_path / "progress.jsonl"                 # a launcher: the records it draws its bar from
+    monkeypatch.setenv(PROGRESS_ENV, str(records))
+    result = fit_loop(_cfg(), NumpyBackend(64, 10), data)
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert lines[-1] == {"n": 0, "train_loss": round(result.history[-1]["train_loss"], 5)}
+    step_losses = [r["loss"] for r in lines if "loss" in r]
+    assert abs(step_losses[-1] - lines[-1]["train_loss"]) > 1e-3    # what the bar's last figure said before
 
 
 def test_evaluation_is_a_function_the_user_passes(data):

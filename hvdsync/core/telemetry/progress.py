@@ -53,7 +53,8 @@ class PlainProgress:
     def update(self, n: int = 1) -> None:
         self.n += n
         now = self.clock()
-        if now - self._last >= self.interval or (self.total and self.n >= self.total):
+        # The last line waits for close: the epoch's figures (its logged train_loss) come after its last step.
+        if now - self._last >= self.interval and not (self.total and self.n >= self.total):
             self._line(now)
 
     def set_postfix(self, values: dict, refresh: bool = False) -> None:
@@ -112,9 +113,9 @@ class Progress:
         if self._file is not None:
             self._emit({"n": n, **{k: round(float(v), 5) for k, v in postfix.items()}})
         elif self._bar is not None:
-            self._bar.update(n)
-            if postfix:
+            if postfix:  # before the update, so the line it draws has them
                 self._bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+            self._bar.update(n)
 
     def close(self) -> None:
         if self._file is not None:

@@ -282,6 +282,9 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
             tensors = backend.wire.snapshot()["tensors"] - tensors
             ctx.metrics["sync_rounds"] = tensors / max(1, backend.grad_tensors)
             ctx.metrics["global_batch"] = float(plan.global_batch_at(epoch))
+            # The bar's loss was rank 0's last step; the run logs the epoch's mean over every rank. The line a user
+            # reads last says the logged figure, by its logged name.
+            bar.update(0, train_loss=ctx.metrics["train_loss"])
             result.history.append({"epoch": epoch, **ctx.metrics})
             tracker.log_metrics(ctx.metrics, step=epoch)
             hooks.on_epoch_end(ctx)
