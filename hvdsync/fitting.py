@@ -69,6 +69,11 @@ def fit_loop(cfg, backend, steps, evaluate=None, tracker: Tracker | None = None,
     """
     tracker = tracker if tracker is not None else make_tracker(cfg.tracking, backend.rank)
     observer = Observer(observer_settings(cfg)) if observe else None
+    # The adapters' backends record their model at the end (its summary; the model with tracking.log_model): every
+    # path through here (fit, hvdsync train, the sweep's children) alike. A user's own backend need not offer it.
+    model_record = getattr(backend, "model_record", None)
+    if model_record is not None:
+        callbacks = [*callbacks, model_record(cfg.tracking.log_model)]
     return loop.fit_loop(loop_settings(cfg), backend, steps, evaluate, tracker=tracker, callbacks=callbacks,
                          observer=observer, **kwargs)
 

@@ -282,7 +282,7 @@ class TrackingConfig:
         tracking_uri: MLflow tracking URI; empty means MLflow's own default (``MLFLOW_TRACKING_URI`` or a local
             ``mlflow.db``).
         experiment: MLflow experiment name.
-        run_name: MLflow run name; empty lets MLflow choose.
+        run_name: MLflow run name; empty: named for what ran (framework, ranks, hosts, codec, mode, accumulation).
         spool_dir: where every record is written before it is sent (empty: ``$HVDSYNC_CACHE/spool``, i.e.
             ``~/.cache/hvdsync/spool``); what a dead store did not get stays there for ``hvdsync runs push``.
         parent_run_id: record the run as a child of this MLflow run (what ``hvdsync sweep`` sets).
@@ -290,6 +290,11 @@ class TrackingConfig:
         timeline: capture Horovod's timeline (``HOROVOD_TIMELINE``) and record it with a per-tensor chart.
         flush_seconds: at the end, how long to wait for the store to take what is still queued (a dead store
             answers at once; the rest stays in the spool).
+        log_model: at the end of a finished run, save the model in MLflow's model format (``mlflow.pytorch``,
+            ``mlflow.keras``) under the run's ``model/`` artifacts. Off by default: rank 0 serialises the whole
+            model while the other ranks wait, and the store keeps another copy of it for every run and every sweep
+            child (gigabytes for a big model); the checkpoints keep the weights already. ``model_summary.txt``
+            (each tensor's shape, dtype and bytes, the parameter count) is recorded in any case.
     """
 
     enabled: bool = True
@@ -301,9 +306,11 @@ class TrackingConfig:
     system_metrics: bool = True
     timeline: bool = False
     flush_seconds: float = 30.0
+    log_model: bool = False
 
     def __post_init__(self) -> None:
         _bool("tracking.enabled", self.enabled)
+        _bool("tracking.log_model", self.log_model)
         _bool("tracking.system_metrics", self.system_metrics)
         _bool("tracking.timeline", self.timeline)
         _number("tracking.flush_seconds", self.flush_seconds, 0.0)

@@ -19,6 +19,7 @@ from hvdsync import datasets
 from hvdsync.core.train import runtime
 from hvdsync.core.train._context import FitResult
 from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.telemetry.modelrecord import ModelRecord, TensorRow
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train._scaling import scaled_lr
 from hvdsync.core.train._plan import PlanState
@@ -215,6 +216,12 @@ class TensorFlowBackend:
         t = tf.reshape(tf.constant(np.asarray(values, dtype=np.float64)), (1, -1))
         return hvd.allgather(t, name="hvdsync.metrics").numpy().reshape((self.size,) + np.shape(values))
 
+    def model_record(self, log_model: bool) -> ModelRecord:
+        """The callback that records this model at the end of the run: its ``model_summary.txt`` and, with
+        ``log_model`` (``tracking.log_model``), the model in MLflow's keras format (:func:`hvdsync.fitting.fit_loop`
+        adds it)."""
+        return _model_record(self.model, log_model)
+
     def parameters(self) -> list[np.ndarray]:
         return [np.asarray(v.numpy()) for v in self.model.trainable_variables]
 
@@ -300,3 +307,23 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
     resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
     return fit_loop(cfg, backend, data, evaluate, callbacks=[*callbacks, *make_callbacks(cfg)], resume=resume,
                     before_step=before_step)
+
+
+def _model_record(model: keras.Model, log_model: bool) -> ModelRecord:
+    """The run's ``model_summary.txt`` and, with ``tracking.log_model``, the model in MLflow's keras format
+    (:mod:`hvdsync.core.telemetry.modelrecord`)."""
+    def rows() -> list[TensorRow]:
+        return [TensorRow(w.path, tuple(int(d) for d in w.shape), str(w.dtype),
+                          int(np.prod(w.shape, dtype=np.int64)) * np.dtype(w.dtype).itemsize, bool(w.trainable))
+                for w in model.weights]
+
+    def save(folder) -> None:
+        import mlflow
+        import mlflow.keras
+
+        # The requirements named, not inferred: MLflow would load the model in a new process to find them.
+        mlflow.keras.save_model(model, str(folder), pip_requirements=[f"tensorflow=={tf.__version__}",
+                                                                       f"keras=={keras.__version__}",
+                                                                       f"mlflow=={mlflow.__version__}"])
+
+    return ModelRecord(type(model).__name__, rows, save if log_model else None)

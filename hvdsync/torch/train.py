@@ -8,6 +8,7 @@ Launch with hvdsync's launcher (``hvdsync train --framework torch --np 2``) or i
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Sequence
 
 import horovod.torch as hvd
@@ -21,6 +22,7 @@ from hvdsync.core.train import runtime, seeding
 from hvdsync.core.comm.codecs import WireCounter
 from hvdsync.core.train._context import FitResult
 from hvdsync.core.train.callbacks import Callback
+from hvdsync.core.telemetry.modelrecord import ModelRecord, TensorRow
 from hvdsync.core.telemetry.profiling import PhaseTimer
 from hvdsync.core.train._scaling import scaled_lr
 from hvdsync.core.train._plan import PlanState
@@ -137,6 +139,12 @@ class TorchBackend:
         t = torch.as_tensor(np.asarray(values, dtype=np.float64)).reshape(1, -1)
         return hvd.allgather(t, name="hvdsync.metrics").numpy().reshape((self.size,) + np.shape(values))
 
+    def model_record(self, log_model: bool) -> ModelRecord:
+        """The callback that records this model at the end of the run: its ``model_summary.txt`` and, with
+        ``log_model`` (``tracking.log_model``), the model in MLflow's pytorch format (:func:`hvdsync.fitting.fit_loop`
+        adds it)."""
+        return _model_record(self.model, log_model)
+
     def parameters(self) -> list[np.ndarray]:
         return [p.detach().cpu().numpy() for p in self.model.parameters()]
 
@@ -229,4 +237,29 @@ def fit(cfg=None, data: datasets.Dataset | None = None, before_step=None, *, mod
     resume = PlanState.from_dict(resume) if isinstance(resume, dict) else resume
     return fit_loop(cfg, backend, steps, evaluate, callbacks=[*callbacks, *make_callbacks(cfg)], resume=resume,
                     before_step=before_step)
+
+
+def _model_record(model: torch.nn.Module, log_model: bool) -> ModelRecord:
+    """The run's ``model_summary.txt`` and, with ``tracking.log_model``, the model in MLflow's pytorch format
+    (:mod:`hvdsync.core.telemetry.modelrecord`)."""
+    def rows() -> list[TensorRow]:
+        trainable = {id(p) for p in model.parameters() if p.requires_grad}
+        return [TensorRow(name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel() * t.element_size(),
+                          id(t) in trainable) for name, t in model.state_dict(keep_vars=True).items()]
+
+    def save(folder) -> None:
+        import mlflow
+        import mlflow.pytorch
+
+        # Pickled, not MLflow's default pt2 (torch.export), which needs an input example to trace and fails on
+        # models it cannot export; the requirements named, not inferred (MLflow would load the model in a new
+        # process to find them).
+        # A copy with fresh parameters: the trained ones carry the optimizer's gradient hooks (and through them
+        # its Horovod handles and locks), which neither pickle nor belong in a saved model.
+        fresh = {id(p): torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+                 for p in model.parameters()}
+        mlflow.pytorch.save_model(copy.deepcopy(model, fresh), str(folder), serialization_format="pickle",
+                                  pip_requirements=[f"torch=={torch.__version__}", f"mlflow=={mlflow.__version__}"])
+
+    return ModelRecord(type(model).__name__, rows, save if log_model else None)
 

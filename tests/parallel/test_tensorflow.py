@@ -295,6 +295,7 @@ train:
 tracking:
   tracking_uri: "sqlite:///{db}"
   experiment: cross-framework
+  log_model: true
 """
 
 
@@ -336,6 +337,46 @@ def test_one_yaml_trains_both_frameworks_and_logs_the_same_mlflow_names(cross):
     assert names["torch"] == names["tensorflow"]
     assert {"test_accuracy", "final_test_accuracy", "wire_bytes", "allreduce_rounds",
             "monitor/grad_norm"} <= names["tensorflow"][1]
+
+
+def test_each_framework_logs_its_model_summary_and_with_log_model_the_model_mlflow_loads(cross, tmp_path):
+    """tracking.log_model: each run's model in MLflow's format under model/, loaded back by MLflow's own flavour:
+    it scores the test set as the run reported. model_summary.txt (always) lists the loaded model's tensors."""
+    import mlflow
+
+    from hvdsync import datasets
+    from hvdsync.config import Config
+
+    results, uri = cross
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    mlflow.set_tracking_uri(uri)
+    data = datasets.load(Config().data, 0)
+    for framework, (result, _) in results.items():
+        run_id = result["run_id"]
+        summary = Path(client.download_artifacts(run_id, "model_summary.txt", str(tmp_path))).read_text().splitlines()
+        assert "model/MLmodel" in [a.path for a in client.list_artifacts(run_id, "model")]
+        if framework == "torch":
+            import torch
+
+            model = mlflow.pytorch.load_model(f"runs:/{run_id}/model")
+            tensors = {n: (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
+                       for n, t in model.state_dict().items()}
+            with torch.no_grad():
+                predicted = model(torch.as_tensor(data.x_test, dtype=torch.float32)).argmax(1).numpy()
+        else:
+            model = mlflow.keras.load_model(f"runs:/{run_id}/model")
+            tensors = {w.path: (tuple(w.shape), str(w.dtype), int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize)
+                       for w in model.weights}
+            predicted = np.asarray(model(data.x_test.astype(np.float32))).argmax(1)
+        assert float((predicted == data.y_test).mean()) == pytest.approx(result["test_accuracy"], abs=1e-6)
+        count = sum(int(np.prod(shape)) for shape, _, _ in tensors.values())
+        assert summary[1].startswith(f"parameters: {count:,} trainable of {count:,} in {len(tensors)} tensors, "
+                                     f"{sum(b for _, _, b in tensors.values()):,} bytes")
+        # Keras names a loaded model's weights without the model's own name in front ("dense/kernel").
+        prefix = f"{model.name}/" if framework == "tensorflow" else ""
+        rows = {line.split()[0].removeprefix(prefix): line.split()[1:4] for line in summary[4:]}
+        assert rows == {n: ["x".join(map(str, shape)), dtype, f"{nbytes:,}"]
+                        for n, (shape, dtype, nbytes) in tensors.items()}
 
 
 def test_horovodrun_runs_the_tensorflow_example(tmp_path):

@@ -146,6 +146,11 @@ def _check_run(client, run_id, tmp_path):
     assert any(k.endswith("/system_memory_usage_megabytes") for k in system)
     files = set(_artifacts(client, run_id))
     assert {"hvdsync/config.yaml", "hvdsync/record.json", "training.png"} <= files   # the plot at the root
+    # The model's summary always, the model itself only with tracking.log_model (off by default).
+    summary = Path(client.download_artifacts(run_id, "model_summary.txt", str(tmp_path))).read_text().splitlines()
+    count = 64 * 64 + 64 + 64 * 10 + 10                                 # digits' 64-64-10 MLP: 2 weights, 2 biases
+    assert summary[1].startswith(f"parameters: {count:,} trainable of {count:,} in 4 tensors")
+    assert not any(f.startswith("model/") for f in files)
     # Named and tagged for what ran; the headline figures are the run's totals after the warm-up epoch.
     assert run.info.run_name == "torch x2 1host none allreduce acc1" and run.data.tags["hvdsync.hosts"] == "1"
     seconds = [x.value for x in sorted(client.get_metric_history(run_id, "epoch_seconds"), key=lambda x: x.step)]

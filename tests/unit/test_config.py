@@ -39,6 +39,7 @@ from hvdsync.config import Config, ConfigError
     ("train", "seed", -1, "expected an integer from 0 to"),
     ("train", "device", "gpu", "choose one of: auto, cpu, cuda"),
     ("tracking", "enabled", "no", "expected true or false"),
+    ("tracking", "log_model", "yes", "expected true or false"),
     ("tracking", "experiment", "", "expected a non-empty name"),
 ])
 def test_bad_value_names_field_and_allowed_values(section, field, value, allowed):
