@@ -156,6 +156,11 @@ def _check_run(client, run_id, tmp_path):
     seconds = [x.value for x in sorted(client.get_metric_history(run_id, "epoch_seconds"), key=lambda x: x.step)]
     rates = [x.value for x in sorted(client.get_metric_history(run_id, "samples_per_second"), key=lambda x: x.step)]
     kept = slice(1, None) if len(seconds) > 1 else slice(None)
+    # Each epoch's figures also under epoch/ (their own section, step = the epoch), the same values at the same steps.
+    for key in ("train_loss", "test_accuracy", "samples_per_second", "epoch_seconds"):
+        old, new = ([(x.step, x.value) for x in sorted(client.get_metric_history(run_id, k), key=lambda x: x.step)]
+                    for k in (key, f"epoch/{key}"))
+        assert new == old and [s for s, _ in new] == list(range(len(seconds))), key
     assert m["Key/samples_per_second"] == pytest.approx(
         sum(r * s for r, s in zip(rates[kept], seconds[kept])) / sum(seconds[kept]))
     phases = {k: m[f"Key/{k}_seconds"] for k in ("data", "compute", "sync_wait", "update")}

@@ -39,6 +39,8 @@ from hvdsync.core.telemetry.store import HTTP_ENV, resolve_uri  # noqa: F401 - r
 EPOCH_METRICS = ("train_loss", "test_accuracy", "epoch_seconds", "samples_per_second", "step_seconds_max_rank",
                  "step_seconds_min_rank")
 FINAL_METRICS = ("final_test_accuracy", "wire_bytes", "allreduce_rounds", "total_seconds")
+# Each epoch's figures are logged under this prefix too (step = the epoch), MLflow's UI's own section for them.
+EPOCH_PREFIX = "epoch/"
 
 class TrackingWarning(UserWarning):
     """The MLflow store did not answer; the run's records are kept in the spool."""

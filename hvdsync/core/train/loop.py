@@ -32,7 +32,7 @@ from hvdsync.core.telemetry.progress import Progress
 from hvdsync.core.train._scaling import loss_scale
 from hvdsync.core.train._plan import PlanState, ShardPlan, Step
 from hvdsync.core.train.shares import share_slice
-from hvdsync.core.telemetry.tracking import Tracker
+from hvdsync.core.telemetry.tracking import EPOCH_PREFIX, Tracker
 
 # What an evaluation returns: per metric, this rank's (sum, count); the loop sums both over ranks and divides, so the
 # result is the metric over all ranks' samples. A plain float counts as (value, 1): the mean over ranks.
@@ -286,7 +286,10 @@ def fit_loop(settings: LoopSettings, backend: Backend, steps: StepSource | Datas
             # reads last says the logged figure, by its logged name.
             bar.update(0, train_loss=ctx.metrics["train_loss"])
             result.history.append({"epoch": epoch, **ctx.metrics})
-            tracker.log_metrics(ctx.metrics, step=epoch)
+            # Under epoch/ (step = the epoch): their own section in MLflow's UI, apart from the step/* curves on the
+            # optimizer step. Also unprefixed, as before, until 0.4.0: runs compare/list/reproduce, the sweep's table
+            # and users' queries read those names.
+            tracker.log_metrics({**ctx.metrics, **{EPOCH_PREFIX + k: v for k, v in ctx.metrics.items()}}, step=epoch)
             hooks.on_epoch_end(ctx)
             if ctx.stop_training:
                 break
