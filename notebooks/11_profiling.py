@@ -40,9 +40,10 @@
 #
 # hvdsync times each phase on every rank (`hvdsync.core.telemetry.profiling.PhaseTimer`: `data`, `compute` = forward and
 # backward, `sync_wait`, `update`) and every `monitor.every` steps gathers the figures on rank 0, which records them
-# in the job's one MLflow run as `rank/<r>/<phase>_seconds` and `rank/<r>/comm_share` (the share of the step spent
-# waiting on communication). `sync_wait` holds the communication that compute did not hide *plus* the time a
-# rank waits for slower ranks to arrive; notebook 14 takes those apart.
+# in the job's one MLflow run: the spread over the ranks as `ranks/<phase>_seconds_min|_median|_max` (and the slowest
+# rank's id), and every rank's own `<phase>_seconds` and `comm_share` (the share of the step spent waiting on
+# communication) in the run's `ranks.csv` artifact. `sync_wait` holds the communication that compute did not hide
+# *plus* the time a rank waits for slower ranks to arrive; notebook 14 takes those apart.
 #
 # Inside the all-reduce, Horovod's own **timeline** (`HOROVOD_TIMELINE`, switched on by `tracking.timeline` or
 # `hvdsync train --timeline`) shows per tensor how long it took to *negotiate* (all ranks announcing the tensor is
@@ -52,6 +53,7 @@
 # Here: three model sizes in one pair of workers, everything read back from MLflow.
 
 # %%
+import csv
 import json
 import tempfile
 from pathlib import Path
@@ -108,18 +110,22 @@ for h, r in zip(SIZES, results):
 # one-off start-up costs, is left out), read back from MLflow.
 
 # %%
-def mean_after_first(run_id, key):
-    values = [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+def mean_after_first(run_id, rank, key):
+    """One rank's figure over the recorded intervals but the first, from the run's ranks.csv (every rank's figures
+    at every check; the run's metrics hold their spread over the ranks)."""
+    with open(client.download_artifacts(run_id, "ranks.csv", tempfile.mkdtemp())) as f:
+        rows = sorted((r for r in csv.DictReader(f) if int(r["rank"]) == rank), key=lambda r: int(r["step"]))
+    values = [float(r[key]) for r in rows]
     return float(np.mean(values[1:] if len(values) > 1 else values))
 
 
 table = {}
 for h, r in zip(SIZES, results):
     for rank in (0, 1):
-        phases = {p: 1e3 * mean_after_first(r["run_id"], f"rank/{rank}/{p}_seconds") for p in PHASES}
-        step = 1e3 * mean_after_first(r["run_id"], f"rank/{rank}/step_seconds")
+        phases = {p: 1e3 * mean_after_first(r["run_id"], rank, f"{p}_seconds") for p in PHASES}
+        step = 1e3 * mean_after_first(r["run_id"], rank, "step_seconds")
         table[(h, rank)] = {**phases, "step": step,
-                            "comm_share": mean_after_first(r["run_id"], f"rank/{rank}/comm_share")}
+                            "comm_share": mean_after_first(r["run_id"], rank, "comm_share")}
         print(f"hidden={h:5d} rank {rank}: " + ", ".join(f"{p} {phases[p]:6.2f}" for p in PHASES)
               + f" | step {step:6.2f} ms | waiting on communication {table[(h, rank)]['comm_share']:.0%}")
 
@@ -218,9 +224,9 @@ assert passes[max(SIZES)]["backward"] > passes[max(SIZES)]["forward"]
 
 # %%
 def profile(run_id):
-    phases = {p: np.mean([1e3 * mean_after_first(run_id, f"rank/{r}/{p}_seconds") for r in (0, 1)])
+    phases = {p: np.mean([1e3 * mean_after_first(run_id, r, f"{p}_seconds") for r in (0, 1)])
               for p in PHASES}
-    return phases, np.mean([mean_after_first(run_id, f"rank/{r}/comm_share") for r in (0, 1)])
+    return phases, np.mean([mean_after_first(run_id, r, "comm_share") for r in (0, 1)])
 
 
 small = results[SIZES.index(min(SIZES))]
@@ -286,8 +292,8 @@ assert len(grads) >= 4 and "horovod/timeline.png" in files
 # %% [markdown]
 # ## What to take away
 #
-# * Profile per rank and per phase before tuning: `rank/<r>/<phase>_seconds` and `rank/<r>/comm_share` in the
-#   job's MLflow run show which link of the chain is slow, and on which rank.
+# * Profile per rank and per phase before tuning: `ranks/<phase>_seconds_max` and `_slowest_rank` in the job's
+#   MLflow run, every rank's figures in its `ranks.csv`, show which link of the chain is slow, and on which rank.
 # * Each all-reduce pays a latency whatever its size: the smallest model sent ~64x fewer bytes, yet its all-reduce
 #   wait shrank far less than that (asserted in §2, which prints this run's two ratios). That is why small models
 #   *tend* to spend a larger share of their step waiting on communication; it is a tendency, not a law (their

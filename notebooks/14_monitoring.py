@@ -56,6 +56,7 @@
 # Here we break a run on purpose, twice, and find the culprit in MLflow's data.
 
 # %%
+import csv
 import tempfile
 import time
 from pathlib import Path
@@ -150,6 +151,14 @@ def history(run, key):
     return [m.step for m in h], [m.value for m in h]
 
 
+def rank_history(run, rank, key):
+    """One rank's figure at every check, from the run's ranks.csv (the run's metrics hold the ranks' spread:
+    `ranks/<figure>_min|_median|_max` and the slowest rank's id)."""
+    with open(client.download_artifacts(run.info.run_id, "ranks.csv", tempfile.mkdtemp())) as f:
+        rows = sorted((r for r in csv.DictReader(f) if int(r["rank"]) == rank), key=lambda r: int(r["step"]))
+    return [int(r["step"]) for r in rows], [float(r[key]) for r in rows]
+
+
 # The ranks' step and working times of the slow run are drawn after the question below, which asks for them.
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 for name, run in runs.items():
@@ -183,8 +192,8 @@ assert NUDGE_STEP + 1 <= first_alarm <= NUDGE_STEP + EVERY                # caug
 assert slow.data.tags["hvdsync.alarm.straggler.rank"] == "1"
 print(f"divergence injected before step {NUDGE_STEP + 1}, alarm at step {first_alarm}; "
       f"straggler named at step {min(history(slow, 'alarm/straggler')[0])}")
-step_ms = {r: round(1e3 * slow.data.metrics[f"rank/{r}/step_seconds"], 1) for r in (0, 1)}
-work_ms = {r: round(1e3 * slow.data.metrics[f"rank/{r}/work_seconds"], 1) for r in (0, 1)}
+step_ms = {r: round(1e3 * rank_history(slow, r, "step_seconds")[1][-1], 1) for r in (0, 1)}
+work_ms = {r: round(1e3 * rank_history(slow, r, "work_seconds")[1][-1], 1) for r in (0, 1)}
 print("mean step time in the slow run, rank 0 / rank 1 (ms):", list(step_ms.values()))
 # The nudge is invisible in the usual curves: the last recorded loss and the test accuracy barely move.
 loss_h, loss_n = history(healthy, "step/loss")[1][-1], history(nudged, "step/loss")[1][-1]
@@ -199,9 +208,9 @@ print(f"your prediction: {my_prediction}; measured: step time {step_ms} ms (work
       "(write a prediction above and run again to compare)")
 fig, ax = plt.subplots(figsize=(6, 3.6))
 for rank in (0, 1):
-    steps, step_s = history(slow, f"rank/{rank}/step_seconds")
+    steps, step_s = rank_history(slow, rank, "step_seconds")
     ax.plot(steps, [1e3 * v for v in step_s], ls="--", label=f"rank {rank} step")
-    steps, work = history(slow, f"rank/{rank}/work_seconds")
+    steps, work = rank_history(slow, rank, "work_seconds")
     ax.plot(steps, [1e3 * v for v in work], label=f"rank {rank} working")
 ax.set(title="slow run: step time vs working time (ms)", xlabel="step")
 ax.legend(fontsize="small")
@@ -211,7 +220,7 @@ plt.show()
 # %% [markdown]
 # ## 3 · The other signals: per-rank loss, update size, utilisation, network I/O
 #
-# From the healthy run: each rank's own loss every 2 steps (`rank/<r>/loss`: each rank on its shard of the step);
+# From the healthy run: each rank's own loss every 2 steps (`loss` in `ranks.csv`: each rank on its shard of the step);
 # the relative size of every update, ||delta w|| / ||w||, on each rank (watch its level and trend: a jump points at a
 # learning rate too high or an exploding gradient, a slide towards zero at learning that stalled); and the node's CPU
 # utilisation and network counters, which hvdsync samples with MLflow's psutil monitors on each node's first rank
@@ -225,7 +234,7 @@ def system(run, metric):
     return history(run, keys[0])
 
 
-losses = {r: history(healthy, f"rank/{r}/loss") for r in (0, 1)}
+losses = {r: rank_history(healthy, r, "loss") for r in (0, 1)}
 updates = np.array(results[0]["updates"])
 updates_by_rank = [np.array(by_rank[r][0]["updates"]) for r in (0, 1)]
 cpu = system(healthy, "cpu_utilization_percentage")
@@ -273,8 +282,9 @@ plt.show()
 #   steps costs one small all-gather and catches a divergence at the next check, whatever caused it.
 # * Step times are equal across ranks in lock-step training (the fast ranks wait); the slow rank is the one whose
 #   *working* time (step minus all-reduce wait) stands out. That is what the straggler alarm compares.
-# * Alarms are data: an MLflow tag naming the rank and a metric at the step, next to every rank's loss and times
-#   (`rank/<r>/...`), so a run can be checked after the fact, and one warning line tells whoever is watching.
+# * Alarms are data: an MLflow tag naming the rank and a metric at the step, next to the ranks' loss and times
+#   (`ranks/...`: min, median, max, the slowest rank; every rank's in `ranks.csv`), so a run can be checked after
+#   the fact, and one warning line tells whoever is watching.
 # * Nudging one weight by 0.001 barely moved the loss or the accuracy (asserted: under 5 % and 1 point):
 #   divergence is easy to miss by eye.
 # * Beyond alarms: per-rank loss curves (each rank's loss fell, asserted), the update size ||dw|| / ||w|| on each rank

@@ -8,10 +8,12 @@ Shared to stay cheap: one server for the module, one worker job for four fits (c
 one for the server kill, one for the 2x2 sweep, one for the reproduction.
 """
 import contextlib
+import csv
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -136,11 +138,25 @@ def _check_run(client, run_id, tmp_path):
     assert set(runlabel.applicable(Config().flat())) <= set(p) and p["world_size"] == "2"  # what applies ...
     assert "tracking.spool_dir" not in p and "data.synthetic_samples" not in p         # ... and nothing else
     assert {"version.horovod", "version.torch", "version.mlflow", "horovod.build_key"} <= set(p)
-    for r in (0, 1):                                                       # every rank's own figures
-        for key in ("loss", "step_seconds", "work_seconds", "data_seconds", "compute_seconds", "sync_wait_seconds",
-                    "update_seconds", "comm_share"):
-            assert f"rank/{r}/{key}" in m, (r, key)
-    assert len(client.get_metric_history(run_id, "rank/1/loss")) >= 2
+    # The ranks' figures summarised (min, median, max; the slowest rank for times), every rank's own in ranks.csv.
+    assert not any(k.startswith("rank/") for k in m)
+    rows = list(csv.DictReader(open(client.download_artifacts(run_id, "ranks.csv", str(tmp_path)))))
+    keys = ("loss", "step_seconds", "work_seconds", "data_seconds", "compute_seconds", "sync_wait_seconds",
+            "update_seconds", "comm_share")
+    assert list(rows[0]) == ["step", "rank", *keys]
+    by_step: dict[int, list[dict]] = {}
+    for row in rows:
+        by_step.setdefault(int(row["step"]), []).append(row)
+    assert len(by_step) >= 2 and all(sorted(int(r["rank"]) for r in v) == [0, 1] for v in by_step.values())
+    for key in keys:
+        for stat, pick in (("min", min), ("median", statistics.median), ("max", max)):
+            logged = {x.step: x.value for x in client.get_metric_history(run_id, f"ranks/{key}_{stat}")}
+            assert logged == pytest.approx({s: pick(float(r[key]) for r in v) for s, v in by_step.items()}), (key, stat)
+        if key.endswith("_seconds"):
+            slowest = {x.step: x.value for x in client.get_metric_history(run_id, f"ranks/{key}_slowest_rank")}
+            for s, r in slowest.items():
+                row = next(x for x in by_step[s] if int(x["rank"]) == int(r))
+                assert float(row[key]) == max(float(x[key]) for x in by_step[s]), (key, s)
     system = [k for k in m if k.startswith("system/")]
     assert any(k.endswith("/cpu_utilization_percentage") for k in system)
     assert any(k.endswith("/system_memory_usage_megabytes") for k in system)
@@ -199,6 +215,9 @@ def test_a_desynchronised_rank_and_a_slow_rank_are_named(job):
     assert tags["hvdsync.alarm.divergence.rank"] == "1" and "rank 1's parameters differ" in tags["hvdsync.alarm.divergence"]
     # The slow rank: named, after the warm-up check, a full window and two checks in a row over the threshold.
     assert tags["hvdsync.alarm.straggler.rank"] == "1"
+    # The run's summary of the ranks names it too: the slowest working time at most checks.
+    slowest = [m.value for m in job["server"].get_metric_history(run.info.run_id, "ranks/work_seconds_slowest_rank")]
+    assert slowest.count(1.0) > len(slowest) / 2
     strag_step = min(m.step for m in job["server"].get_metric_history(run.info.run_id, "alarm/straggler"))
     assert strag_step >= (monitor.WINDOW + 2) * EVERY                      # not before a full window (Alarms.check)
     # One warning line per alarm, naming the rank, in the result (the CLI prints it).

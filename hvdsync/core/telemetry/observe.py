@@ -7,8 +7,9 @@ time, working time, phase times (:mod:`hvdsync.core.telemetry.profiling`), gradi
 
 * ``step/loss``, ``step/seconds``, ``step/samples_per_second``, ``step/comm_share`` and ``phase/<phase>_seconds``
   (means over the ranks),
-* ``rank/<r>/loss``, ``rank/<r>/step_seconds``, ``rank/<r>/work_seconds``, ``rank/<r>/<phase>_seconds``,
-  ``rank/<r>/comm_share`` for every rank (MLflow's UI charts each key; filter on ``rank/``),
+* ``ranks/<figure>_min``, ``_median``, ``_max`` over the ranks of each rank's loss, step, working and phase times
+  and comm share, with ``ranks/<time>_slowest_rank`` (the rank's id): a 64-rank run stays readable. Every rank's own
+  values are in the ``ranks.csv`` artifact (``step,rank,loss,step_seconds,...``),
 * ``monitor/loss_spread``, ``monitor/param_spread``, ``monitor/straggler_ratio``, ``monitor/grad_norm`` and,
   when a check fails, ``alarm/<kind>`` with an ``hvdsync.alarm.<kind>`` tag (:class:`~hvdsync.core.telemetry.monitor.Alarms`),
 * ``system/<node>/...`` for every node,
@@ -37,6 +38,37 @@ from hvdsync.core.telemetry.profiling import PHASES
 # The head of each gathered row; the system-metrics payload follows it.
 ROW = ("loss", "samples", "step_seconds", "work_seconds", *(f"{p}_seconds" for p in PHASES), "grad_norm",
        "fp0", "fp1", "fp2")
+# Each rank's own figures: summarised in the run as ranks/<figure>_min|_median|_max (and, for times, the slowest
+# rank's id), every rank's value in the ranks.csv artifact.
+RANK_FIGURES = ("loss", "step_seconds", "work_seconds", *(f"{p}_seconds" for p in PHASES), "comm_share")
+RANKS_FILE = "ranks.csv"
+
+
+def rank_spread(per_rank: dict[str, list[float]]) -> dict[str, float]:
+    """``ranks/<figure>_min``, ``_median``, ``_max`` of each figure over the ranks, and ``ranks/<figure>_slowest_rank``
+    (the rank with the largest value) for the times (``*_seconds``)."""
+    out = {}
+    for key, values in per_rank.items():
+        v = np.asarray(values, dtype=np.float64)
+        out.update({f"ranks/{key}_min": float(v.min()), f"ranks/{key}_median": float(np.median(v)),
+                    f"ranks/{key}_max": float(v.max())})
+        if key.endswith("_seconds"):
+            out[f"ranks/{key}_slowest_rank"] = float(v.argmax())
+    return out
+
+
+def ranks_csv(history: list[dict], path: str | Path) -> Path:
+    """Every rank's figures at every recorded step (``step,rank,<figure>...``) from the observer's history."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["step", "rank", *RANK_FIGURES])
+        for h in history:
+            ranks = sorted({int(k.split("/")[1]) for k in h if k.startswith("rank/")})
+            for r in ranks:
+                out.writerow([h["step"], r, *(repr(h[f"rank/{r}/{k}"]) for k in RANK_FIGURES)])
+    return Path(path)
 
 
 @dataclass(frozen=True)
@@ -170,17 +202,18 @@ class Observer(Callback):
         metrics["step/comm_share"] = profiling.comm_share(phase_means)
         if not math.isnan(col["grad_norm"][0]):
             metrics["monitor/grad_norm"] = float(col["grad_norm"][0])
-        for r in range(size):
-            per = {p: float(col[f"{p}_seconds"][r]) for p in PHASES}
-            metrics.update({f"rank/{r}/loss": float(col["loss"][r]), f"rank/{r}/step_seconds": float(col["step_seconds"][r]),
-                            f"rank/{r}/work_seconds": float(col["work_seconds"][r]),
-                            f"rank/{r}/comm_share": profiling.comm_share(per)})
-            metrics.update({f"rank/{r}/{p}_seconds": v for p, v in per.items()})
+        # Every rank's own figures stay here (the plot, ranks.csv at the end); the run gets their spread: a key per
+        # rank and figure would be hundreds of charts and columns at 64 ranks.
+        per_rank = {k: [float(col[k][r]) for r in range(size)] for k in RANK_FIGURES if k != "comm_share"}
+        per_rank["comm_share"] = [profiling.comm_share({p: per_rank[f"{p}_seconds"][r] for p in PHASES})
+                                  for r in range(size)]
+        metrics.update(rank_spread(per_rank))
         metrics.update(self.alarms.check(self.step, g[:, ROW.index("fp0"):ROW.index("fp2") + 1], col["work_seconds"]))
         for row in g[:, len(ROW):]:
             metrics.update(sysmetrics.decode(row))
         self.tracker.log_metrics(metrics, step=self.step)
-        self.history.append({"step": self.step, **metrics})
+        self.history.append({"step": self.step, **metrics,
+                             **{f"rank/{r}/{k}": v[r] for k, v in per_rank.items() for r in range(size)}})
 
     # ---- artifacts at the end -------------------------------------------------------------------------------
     def _artifacts(self) -> None:
@@ -198,6 +231,7 @@ class Observer(Callback):
                     self.tracker.log_artifact(chart)
             if self.history:
                 self.tracker.log_artifact(plot_history(self.history, Path(tmp) / "training.png"))
+                self.tracker.log_artifact(ranks_csv(self.history, Path(tmp) / RANKS_FILE))
 
 
 def plot_history(history: list[dict], path: str | Path) -> Path:
