@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
     # The job's command line as a launcher hands it to its workers: fixed here, so that neither pytest's own argv (a
     # worker of pytest-xdist is `python -c`) nor a variable another test's in-process CLI call left decides the tag.
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("HVDSYNC_COMMAND_LINE", json.dumps(["/home/me/train.py", "--np", "2"]))
+        env.setenv("HVDSYNC_COMMAND_LINE", json.dumps(["jobs/train.py", "--np", "2"]))
         _write_runs(uri, tmp, ids)
     return uri, ids
 
@@ -150,7 +150,7 @@ def test_the_record_keeps_tensorflows_own_variables_not_every_tf_name():
 @pytest.mark.parametrize(("argv", "source"), [
     (["/opt/venv/bin/hvdsync", "train", "--np", "2"], "hvdsync train"),
     (["/opt/venv/bin/hvdsync", "--debug", "sweep", "--set", "a=1,2"], "hvdsync sweep"),
-    (["/home/me/jobs/train_keras.py", "--epochs", "3"], "train_keras.py"),
+    (["jobs/train_keras.py", "--epochs", "3"], "train_keras.py"),
 ])
 def test_the_source_tag_is_the_program_and_its_subcommand(monkeypatch, argv, source):
     monkeypatch.setenv("HVDSYNC_COMMAND_LINE", json.dumps(argv))
