@@ -329,6 +329,9 @@ def test_sweep_makes_child_runs_and_compare_lists_exactly_the_differing_param(se
         assert c.info.run_name.startswith(axes + "torch x2"), c.info.run_name
         assert (c.data.tags["hvdsync.launcher"], c.data.tags["hvdsync.job"]) == ("sweep", parent.info.run_id)
         assert c.data.tags["hvdsync.compression"] == c.data.params["sync.compression"]
+        # Each child has its model's summary at the root (MLflow's compare view shows it side by side), no model.
+        files = set(_artifacts(client, c.info.run_id))
+        assert "model_summary.txt" in files and not any(f.startswith("model/") for f in files)
     assert parent.data.params == {"sweep.sync.compression": "none,fp16", "sweep.sync.accumulate": "1,4"}
     parent = client.get_run(parent.info.run_id)
     accuracy = {c.info.run_id: c.data.metrics["Key/test_accuracy"] for c in children}
