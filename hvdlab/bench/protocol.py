@@ -131,6 +131,20 @@ def _config(where: str, x: dict) -> list[str]:
     return out
 
 
+def _entries(key: str, entries: list, fields: tuple, out: list[str]):
+    """Each object of ``record[key]`` with its place (``rows[3]``), after adding to ``out`` what every entry must
+    carry: an object, the ``fields``, a configuration of the known values (a missing field named once, not twice)."""
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict):
+            out.append(f"{where}: expected an object")
+            continue
+        missing = [k for k in fields if k not in entry]
+        out += [f"{where}.{k}: missing" for k in missing]
+        out += [x for x in _config(where, entry) if x.split(":")[0].rsplit(".", 1)[1] not in missing]
+        yield where, entry
+
+
 def problems(record: dict) -> list[str]:
     """Everything wrong with ``record``'s form, one line per field (empty: it has the form). A record marked
     ``"quick": true`` may have fewer than :data:`MIN_REPEATS` repeats; no other rule bends."""
@@ -158,14 +172,7 @@ def problems(record: dict) -> list[str]:
     if not isinstance(rows, list) or not rows:
         out.append("rows: missing or empty; expected a list of rows")
         rows = []
-    for i, row in enumerate(rows):
-        where = f"rows[{i}]"
-        if not isinstance(row, dict):
-            out.append(f"{where}: expected an object")
-            continue
-        missing = [k for k in ROW_FIELDS if k not in row]
-        out += [f"{where}.{k}: missing" for k in missing]
-        out += [p for p in _config(where, row) if p.split(":")[0].rsplit(".", 1)[1] not in missing]
+    for where, row in _entries("rows", rows, ROW_FIELDS, out):
         if "contender" in row and row["contender"] not in CONTENDERS:
             out.append(f"{where}.contender: {row['contender']!r}; expected one of {', '.join(CONTENDERS)}")
         if "ratio" in row and not _number(row["ratio"]):
@@ -185,14 +192,7 @@ def problems(record: dict) -> list[str]:
     if not isinstance(preds, list):
         out.append("predictions: missing; expected a list (empty where nothing was predicted)")
         preds = []
-    for i, p in enumerate(preds):
-        where = f"predictions[{i}]"
-        if not isinstance(p, dict):
-            out.append(f"{where}: expected an object")
-            continue
-        missing = [k for k in PREDICTION_FIELDS if k not in p]
-        out += [f"{where}.{k}: missing" for k in missing]
-        out += [x for x in _config(where, p) if x.split(":")[0].rsplit(".", 1)[1] not in missing]
+    for where, p in _entries("predictions", preds, PREDICTION_FIELDS, out):
         for k in ("predicted_s", "measured_s"):
             if k in p and not _number(p[k]):
                 out.append(f"{where}.{k}: {p[k]!r}; expected seconds > 0")
